@@ -1,0 +1,26 @@
+# The two commands a new user needs: `make demo` and `make test` (each sets itself up first).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test test-unit browser
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -c constraints.txt -e ".[dev]"
+	touch $@
+
+demo: setup
+	$(BIN)/ctrflow demo --out runs/demo
+
+# Debian's Chromium for the MLflow UI test (Playwright never downloads a browser here).
+browser:
+	@command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
+
+test: setup browser
+	$(BIN)/python -m pytest -q
+
+test-unit: setup
+	$(BIN)/python -m pytest -q tests/unit

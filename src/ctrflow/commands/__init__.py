@@ -1,0 +1,1 @@
+"""CLI subcommands: each module has `configure(parser)` and `run(args) -> int`; no logic here."""

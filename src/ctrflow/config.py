@@ -1,0 +1,155 @@
+"""Training configuration: frozen dataclasses in one tree; presets are plain functions.
+
+`TrainConfig` holds a `DataConfig`, a `ModelConfig` and an `OptimConfig`. It round-trips through
+`to_dict` / `from_dict`, which is how checkpoints record it and trackers log it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+MODELS = ("dlrm", "dcnv2", "deepfm", "wide_deep")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of one ranking model; only the fields its `name` uses matter."""
+
+    name: str = "dlrm"
+    embedding_dim: int = 16
+    bottom_mlp: tuple[int, ...] = (64, 32)  # dense arch 13 -> 64 -> 32 -> embedding_dim
+    top_mlp: tuple[int, ...] = (128, 64)  # DLRM over arch, then -> 1
+    deep_mlp: tuple[int, ...] = (128, 64)  # the deep part of DCNv2 / DeepFM / Wide&Deep, then -> 1
+    cross_layers: int = 3  # DCNv2
+    cross_rank: int = 32  # DCNv2 low-rank factor of each cross layer
+
+    def arch_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments `build_model(self.name, ...)` takes for this architecture."""
+        per_model = {
+            "dlrm": {"bottom_mlp": self.bottom_mlp, "top_mlp": self.top_mlp},
+            "dcnv2": {"bottom_mlp": self.bottom_mlp, "deep_mlp": self.deep_mlp,
+                      "cross_layers": self.cross_layers, "cross_rank": self.cross_rank},
+            "deepfm": {"bottom_mlp": self.bottom_mlp, "deep_mlp": self.deep_mlp},
+            "wide_deep": {"deep_mlp": self.deep_mlp},
+        }
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in per_model[self.name].items()}
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Dense and sparse optimizers and the DLRM learning-rate schedule."""
+
+    dense: str = "adam"  # adam | adamw | sgd
+    lr: float = 1e-3
+    sparse: str = "lazy_adam"  # optimizer of the embedding tables; only touched rows change
+    sparse_lr: float | None = 0.01  # None: same as lr
+    weight_decay: float = 0.0  # dense only
+    warmup_steps: int = 0  # linear warmup from 0
+    decay_start_step: int | None = None  # polynomial decay from here; None: no decay
+    decay_steps: int = 0  # steps to decay over (0: until the run's last step)
+    decay_power: float = 2.0
+    min_lr_factor: float = 0.0  # the factor the decay ends at
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where processed data lives and how it is batched."""
+
+    path: str = ""
+    batch_size: int = 2048  # global: split across processes
+    eval_batch_size: int = 16384
+    shuffle: bool = True
+    prefetch: int = 4  # batches prepared ahead by the loader thread
+    limit_train_batches: int | None = None  # per epoch, for smoke runs
+    limit_eval_batches: int | None = None
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything one training run needs; `out` is the checkpoint directory."""
+
+    out: str = ""
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    epochs: int = 1
+    max_steps: int | None = None
+    seed: int = 0
+    log_every: int = 50
+    eval_every: int = 0  # 0: evaluate at the end of each epoch only
+    checkpoint_every: int = 0  # 0: checkpoint at the end of each epoch only
+    keep_checkpoints: int = 2
+    device: str = "auto"  # auto | cpu | cuda
+    resume: str | None = None
+    deterministic: bool = False
+    progress: bool = True  # tqdm bar when stderr is a terminal
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict (JSON-ready)."""
+        return asdict(self)
+
+    def flat(self) -> dict[str, Any]:
+        """`{"model.name": "dlrm", ...}`: for trackers' params."""
+        out: dict[str, Any] = {}
+        for key, value in self.to_dict().items():
+            if isinstance(value, dict):
+                out.update({f"{key}.{k}": v for k, v in value.items()})
+            else:
+                out[key] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "TrainConfig":
+        """Inverse of `to_dict`; unknown keys (from newer versions) are ignored."""
+        parts = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig}
+        kwargs: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in raw:
+                continue
+            value = raw[f.name]
+            if f.name in parts:
+                value = _build(parts[f.name], value)
+            kwargs[f.name] = value
+        return cls(**kwargs)
+
+
+def _build(cls, raw: dict[str, Any]):
+    known = {f.name for f in fields(cls)}
+    values = {k: (tuple(v) if isinstance(v, list) else v) for k, v in raw.items() if k in known}
+    return cls(**values)
+
+
+def small_config(data: str, out: str, model: str = "dlrm") -> TrainConfig:
+    """CPU-sized defaults: 200,000 synthetic rows a day train one epoch in about a minute.
+
+    # 200,000 rows / 2048 per step = 97 steps an epoch; decay over the second half.
+    """
+    return TrainConfig(
+        out=out,
+        data=DataConfig(path=data, batch_size=2048),
+        model=ModelConfig(name=model, embedding_dim=16),
+        optim=OptimConfig(lr=1e-3, sparse_lr=0.01),
+    )
+
+
+def criteo_1tb_config(data: str, out: str, model: str = "dlrm") -> TrainConfig:
+    """The MLPerf Criteo-1TB DLRM shape: dim 128, bottom 13-512-256-128, top 1024-1024-512-256-1.
+
+    # 65,536 per GPU * 8 GPUs = 524,288 per step; 4.2 B rows / 524,288 = about 8,000 steps an epoch.
+    """
+    return TrainConfig(
+        out=out,
+        data=DataConfig(path=data, batch_size=65536, eval_batch_size=262144),
+        model=ModelConfig(name=model, embedding_dim=128, bottom_mlp=(512, 256),
+                          top_mlp=(1024, 1024, 512, 256), deep_mlp=(1024, 1024, 512, 256),
+                          cross_layers=3, cross_rank=512),
+        optim=OptimConfig(lr=1e-3, sparse_lr=0.01, warmup_steps=500, decay_start_step=4000),
+        log_every=100,
+        eval_every=2000,
+        checkpoint_every=2000,
+    )
+
+
+__all__ = ["MODELS", "DataConfig", "ModelConfig", "OptimConfig", "TrainConfig", "criteo_1tb_config",
+           "small_config"]

@@ -1,0 +1,1 @@
+"""Criteo raw format, synthetic data, preprocessing, the feature schema and the Parquet loader."""

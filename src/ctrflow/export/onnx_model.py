@@ -1,0 +1,77 @@
+"""The ranking model as an ONNX graph: dense [B, 13], sparse [B, 26] -> probability [B, 1]."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ctrflow.data.schema import DENSE, SPARSE
+
+PROTOBUF_LIMIT = 2**31 - 1  # one ONNX protobuf file cannot exceed 2 GB
+HEADROOM = 64 * 2**20  # graph structure and non-parameter constants beside the weights
+OPSET = 18
+
+
+class ProbabilityModel(nn.Module):
+    """Wraps a ranking model so the exported graph ends in a sigmoid, shaped [B, 1] for Triton."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.model(dense, sparse)).unsqueeze(1)  # [B] -> [B, 1]
+
+
+def parameter_bytes(model: nn.Module) -> int:
+    """Bytes of all parameters and buffers: decides whether the weights fit in one protobuf."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def example_inputs(rows: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """Valid example inputs for tracing (id 0, "missing", exists in every table); two rows so
+    the batch axis is not specialised to 1."""
+    return torch.zeros(rows, len(DENSE)), torch.zeros(rows, len(SPARSE), dtype=torch.int64)
+
+
+@contextlib.contextmanager
+def _quiet_logs():
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def export_onnx(model: nn.Module, path: str | os.PathLike) -> list[Path]:
+    """Export `model` (eval mode, CPU) to `path`; returns the files written.
+
+    Weights go into the one file while it stays under ONNX's 2 GB protobuf limit, and into
+    external data beside it (`model.onnx.data`, which onnxruntime reads from the same folder)
+    beyond that.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    external = parameter_bytes(model) + HEADROOM > PROTOBUF_LIMIT
+    batch = torch.export.Dim("batch")
+    wrapped = ProbabilityModel(model).eval()
+    # the exporter narrates every pass on stdout and warns about optional torchvision ops
+    with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), _quiet_logs():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            wrapped, example_inputs(), str(path), dynamo=True, opset_version=OPSET,
+            input_names=["dense", "sparse"], output_names=["probability"],
+            dynamic_shapes={"dense": {0: batch}, "sparse": {0: batch}},
+            external_data=external, verbose=False, report=False,
+        )
+    return sorted(p for p in path.parent.iterdir() if p.name.startswith(path.name))

@@ -1,0 +1,111 @@
+"""Triton model configurations, built with Triton's own protobuf and written as `config.pbtxt`.
+
+The repository holds three models:
+  NAME             ensemble: raw fields I1..I13, C1..C26 (BYTES) -> probability (FP32)
+  NAME_preprocess  python backend: raw fields -> dense [13] FP32, sparse [26] INT64 (saved vocabularies)
+  NAME_model       onnxruntime (or python) backend: dense, sparse -> probability [1]
+Every model has a batch dimension (max_batch_size > 0); the two leaf models batch dynamically.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as pb
+
+from ctrflow.data.schema import DENSE, SPARSE
+from ctrflow.errors import UserError
+
+RAW_INPUTS = (*DENSE, *SPARSE)
+VERSION = "1"
+QUEUE_DELAY_US = 100  # wait at most 0.1 ms for more requests to join a batch
+BACKENDS = ("onnxruntime", "python")
+INSTANCE_KINDS = {"cpu": pb.ModelInstanceGroup.KIND_CPU, "gpu": pb.ModelInstanceGroup.KIND_GPU}
+
+
+def preprocess_name(name: str) -> str:
+    """The preprocessing model's name inside the ensemble `name`."""
+    return f"{name}_preprocess"
+
+
+def ranking_name(name: str) -> str:
+    """The ranking model's name inside the ensemble `name`."""
+    return f"{name}_model"
+
+
+def _tensor(kind, name: str, data_type: int, dims: list[int]):
+    return kind(name=name, data_type=data_type, dims=dims)
+
+
+def _raw_inputs() -> list[pb.ModelInput]:
+    return [_tensor(pb.ModelInput, col, pb.TYPE_STRING, [1]) for col in RAW_INPUTS]
+
+
+def _features(kind) -> list:
+    return [_tensor(kind, "dense", pb.TYPE_FP32, [len(DENSE)]), _tensor(kind, "sparse", pb.TYPE_INT64, [len(SPARSE)])]
+
+
+def _probability() -> pb.ModelOutput:
+    return _tensor(pb.ModelOutput, "probability", pb.TYPE_FP32, [1])
+
+
+def _batching(config: pb.ModelConfig, instance_kind: str, count: int = 1) -> pb.ModelConfig:
+    config.dynamic_batching.max_queue_delay_microseconds = QUEUE_DELAY_US
+    config.instance_group.add(kind=INSTANCE_KINDS[instance_kind], count=count)
+    return config
+
+
+def ensemble_config(name: str, max_batch_size: int) -> pb.ModelConfig:
+    """The ensemble the clients call: preprocess -> model, raw strings in, probability out."""
+    config = pb.ModelConfig(name=name, platform="ensemble", max_batch_size=max_batch_size,
+                            input=_raw_inputs(), output=[_probability()])
+    pre = config.ensemble_scheduling.step.add(model_name=preprocess_name(name), model_version=-1)
+    for col in RAW_INPUTS:
+        pre.input_map[col] = col
+    pre.output_map["dense"] = "dense"
+    pre.output_map["sparse"] = "sparse"
+    rank = config.ensemble_scheduling.step.add(model_name=ranking_name(name), model_version=-1)
+    rank.input_map["dense"] = "dense"
+    rank.input_map["sparse"] = "sparse"
+    rank.output_map["probability"] = "probability"
+    return config
+
+
+def preprocess_config(name: str, max_batch_size: int) -> pb.ModelConfig:
+    """The python-backend model mapping raw fields to model inputs; string work runs on CPU."""
+    config = pb.ModelConfig(name=preprocess_name(name), backend="python", max_batch_size=max_batch_size,
+                            input=_raw_inputs(), output=_features(pb.ModelOutput))
+    return _batching(config, "cpu")
+
+
+def ranking_config(name: str, backend: str, max_batch_size: int, instance_kind: str) -> pb.ModelConfig:
+    """The ranking model: an ONNX graph on onnxruntime, or the checkpoint on the python backend."""
+    if backend not in BACKENDS:
+        raise UserError(f"--backend {backend}: expected one of {', '.join(BACKENDS)}")
+    if instance_kind not in INSTANCE_KINDS:
+        raise UserError(f"--instance-kind {instance_kind}: expected one of {', '.join(INSTANCE_KINDS)}")
+    config = pb.ModelConfig(name=ranking_name(name), backend=backend, max_batch_size=max_batch_size,
+                            input=_features(pb.ModelInput), output=[_probability()])
+    if backend == "onnxruntime":
+        config.platform = "onnxruntime_onnx"
+        config.default_model_filename = "model.onnx"
+    return _batching(config, instance_kind)
+
+
+def write_config(config: pb.ModelConfig, model_dir: str | os.PathLike) -> Path:
+    """Write `model_dir/config.pbtxt` in protobuf text format."""
+    path = Path(model_dir) / "config.pbtxt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text_format.MessageToString(config))
+    return path
+
+
+def read_config(path: str | os.PathLike) -> pb.ModelConfig:
+    """Parse a `config.pbtxt` with Triton's `ModelConfig` message; UserError naming the file if it fails."""
+    path = Path(path)
+    try:
+        return text_format.Parse(path.read_text(), pb.ModelConfig())
+    except (OSError, text_format.ParseError) as err:
+        raise UserError(f"{path}: not a valid Triton model config ({err})") from None

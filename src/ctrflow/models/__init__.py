@@ -1,0 +1,71 @@
+"""Ranking models: DLRM, DCNv2, DeepFM, Wide&Deep.
+
+Every model maps `dense` [B, 13] float32 and `sparse` [B, 26] int64 ids to logits [B] and is a
+composition of named parts: `dense_arch` -> `embeddings` -> `interaction` -> `over_arch`.
+Models know nothing of devices, processes, sharding or the loss.
+
+Every embedding table lives in an `ctrflow.embedding.collection.EmbeddingCollection`:
+`model.embeddings` (the [B, 26, D] vectors) and, for DeepFM and Wide&Deep, `model.linear_embeddings`
+(dim-1 first-order weights). `embedding_collections(model)` finds them all by module type, by
+dotted path; a sharding step swaps one for a sharded equivalent with
+`replace_module(model, path, new)`. Code that handles weights (optimizers, checkpoints) goes
+through these two functions, never through the attribute names.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from ctrflow.data.schema import Schema
+from ctrflow.embedding.collection import EmbeddingCollection
+from ctrflow.models.dcnv2 import DCNv2
+from ctrflow.models.deepfm import DeepFM
+from ctrflow.models.dlrm import DLRM
+from ctrflow.models.wide_deep import WideDeep
+
+MODELS: dict[str, type[nn.Module]] = {"dlrm": DLRM, "dcnv2": DCNv2, "deepfm": DeepFM, "wide_deep": WideDeep}
+
+
+def build_model(name: str, table_sizes: Schema | Sequence[int], embedding_dim: int = 16, seed: int = 0,
+                **arch: Any) -> nn.Module:
+    """A freshly initialised model; the same arguments give the same weights, on any machine.
+
+    `table_sizes` is a `Schema` or the 26 cardinalities in C1..C26 order; `arch` holds the
+    architecture's own settings (`ModelConfig.arch_kwargs()`).
+    """
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    sizes = table_sizes.table_sizes() if isinstance(table_sizes, Schema) else [int(n) for n in table_sizes]
+    # dense layers draw from the global generator: fork it so building a model has no side effect
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return MODELS[name](sizes, embedding_dim=embedding_dim, seed=seed, **arch)
+
+
+def embedding_collections(model: nn.Module) -> dict[str, nn.Module]:
+    """Every embedding collection of `model`, by dotted module path (`{"embeddings": ...}`).
+
+    Matches plain `EmbeddingCollection`s and any module that declares itself one by exposing
+    `full_weights()` (a sharded collection), without descending into them.
+    """
+    found: dict[str, nn.Module] = {}
+    for path, module in model.named_modules():
+        if any(path.startswith(p + ".") for p in found):
+            continue
+        if isinstance(module, EmbeddingCollection) or (path and hasattr(module, "full_weights")):
+            found[path] = module
+    return found
+
+
+def replace_module(model: nn.Module, path: str, new: nn.Module) -> None:
+    """Put `new` where the submodule at dotted `path` was (e.g. a sharded collection)."""
+    parent_path, _, leaf = path.rpartition(".")
+    parent = model.get_submodule(parent_path) if parent_path else model
+    setattr(parent, leaf, new)
+
+
+__all__ = ["DCNv2", "DLRM", "DeepFM", "MODELS", "WideDeep", "build_model", "embedding_collections",
+           "replace_module"]

@@ -1,0 +1,38 @@
+"""Shared test setup: tracking off unless a test asks for it, GPU tests skipped without CUDA."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CRITEO = REPO.parent / "shared" / "data" / "criteo"  # real rows: read from ../shared, never copied
+
+
+@pytest.fixture(autouse=True)
+def _tracking_off(monkeypatch, request):
+    """Unit tests never write an MLflow store; integration tests set their own URI."""
+    if "integration" not in request.keywords:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", "none")
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except ImportError:
+        has_gpu = False
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords and not has_gpu:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def criteo_dir() -> Path:
+    """The real Criteo sample rows beside the repo; skips cleanly where they are absent."""
+    if not (CRITEO / "train_head_10109.txt").exists():
+        pytest.skip(f"real Criteo rows not found at {CRITEO}")
+    return CRITEO
