@@ -42,7 +42,8 @@ class OptimConfig:
 
     dense: str = "adam"  # adam | adamw | sgd
     lr: float = 1e-3
-    sparse: str = "lazy_adam"  # optimizer of the embedding tables; only touched rows change
+    sparse: str = "auto"  # embedding tables: auto (lazy_adam on large, adam on small) | sgd | adagrad | adam | lazy_adam
+    large_table_rows: int = 100_000  # auto: tables with at least this many rows get lazy_adam
     sparse_lr: float | None = 0.01  # None: same as lr
     weight_decay: float = 0.0  # dense only
     warmup_steps: int = 0  # linear warmup from 0
@@ -81,7 +82,10 @@ class TrainConfig:
     checkpoint_every: int = 0  # 0: checkpoint at the end of each epoch only
     keep_checkpoints: int = 2
     device: str = "auto"  # auto | cpu | cuda
+    threads: int | None = None  # torch intra-op threads on the CPU; None: torch's default
     resume: str | None = None
+    sharding: str = "auto"  # with N processes: auto | table | row | column | data for every table
+    plan: str | None = None  # JSON sharding plan file: per-table choices over `sharding`
     deterministic: bool = False
     progress: bool = True  # tqdm bar when stderr is a terminal
 

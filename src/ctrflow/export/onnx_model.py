@@ -13,21 +13,11 @@ import torch
 from torch import nn
 
 from ctrflow.data.schema import DENSE, SPARSE
+from ctrflow.serve.ranking import ProbabilityModel
 
 PROTOBUF_LIMIT = 2**31 - 1  # one ONNX protobuf file cannot exceed 2 GB
 HEADROOM = 64 * 2**20  # graph structure and non-parameter constants beside the weights
 OPSET = 18
-
-
-class ProbabilityModel(nn.Module):
-    """Wraps a ranking model so the exported graph ends in a sigmoid, shaped [B, 1] for Triton."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(self.model(dense, sparse)).unsqueeze(1)  # [B] -> [B, 1]
 
 
 def parameter_bytes(model: nn.Module) -> int:
@@ -44,13 +34,16 @@ def example_inputs(rows: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
 
 @contextlib.contextmanager
 def _quiet_logs():
-    logger = logging.getLogger("torch.onnx")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+    # "torch.__trace" feeds structured-trace handlers, which log capture (pytest) makes costly
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "torch.__trace", "torch.export")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def export_onnx(model: nn.Module, path: str | os.PathLike) -> list[Path]:

@@ -17,8 +17,8 @@ from tritonclient.grpc import model_config_pb2 as pb
 
 from ctrflow.data.schema import DENSE, SPARSE
 from ctrflow.errors import UserError
+from ctrflow.serve import RAW_INPUTS
 
-RAW_INPUTS = (*DENSE, *SPARSE)
 VERSION = "1"
 QUEUE_DELAY_US = 100  # wait at most 0.1 ms for more requests to join a batch
 BACKENDS = ("onnxruntime", "python")

@@ -12,7 +12,8 @@ import sys
 
 from ctrflow.tracking.base import NullTracker, Tracker
 
-__all__ = ["NullTracker", "Tracker", "add_tracking_flags", "make_tracker", "tracker_from_args"]
+__all__ = ["NullTracker", "Tracker", "add_tracking_flags", "finish_pipeline_run", "make_tracker",
+           "resolve_tracking_uri", "start_pipeline_run", "tracker_from_args", "tracking_argv"]
 
 DEFAULT_URI = "sqlite:///mlflow.db"  # a local SQLite store when nothing else is configured
 
@@ -31,10 +32,30 @@ def add_tracking_flags(parser: argparse.ArgumentParser) -> None:
                        help="extra run tag, repeatable (e.g. kfp_run_id=...)")
 
 
+def tracking_argv(uri: str = "", experiment: str = "ctrflow", parent_run_id: str = "",
+                  tags: dict[str, str] | None = None) -> list[str]:
+    """The `add_tracking_flags` flags for these settings (empty values left out): how the KFP
+    components hand their MLflow settings to a step's CLI."""
+    argv = ["--experiment", experiment]
+    if uri:
+        argv += ["--tracking-uri", uri]
+    if parent_run_id:
+        argv += ["--parent-run-id", parent_run_id]
+    for key, value in (tags or {}).items():
+        if value:
+            argv += ["--tag", f"{key}={value}"]
+    return argv
+
+
+def resolve_tracking_uri(uri: str | None) -> str:
+    """The URI to use: the given one, else $MLFLOW_TRACKING_URI, else the local SQLite file."""
+    return uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+
+
 def make_tracker(uri: str | None, experiment: str = "ctrflow", run_name: str | None = None,
                  parent_run_id: str | None = None, tags: dict[str, str] | None = None) -> Tracker:
     """An MLflow tracker, or a `NullTracker` when tracking is off or mlflow is not installed."""
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+    uri = resolve_tracking_uri(uri)
     if uri.lower() == "none":
         return NullTracker()
     try:
@@ -50,3 +71,24 @@ def tracker_from_args(args: argparse.Namespace, step: str) -> Tracker:
     tags = dict(t.split("=", 1) for t in args.tag)
     tags.setdefault("ctrflow.step", step)
     return make_tracker(args.tracking_uri, args.experiment, args.run_name or step, args.parent_run_id, tags)
+
+
+def start_pipeline_run(uri: str | None, experiment: str, run_name: str, kfp_run_id: str,
+                       params: dict) -> str:
+    """Open the parent run of one pipeline run (left open: `finish_pipeline_run` closes it);
+    returns its id, or "" when tracking is off."""
+    tracker = make_tracker(uri, experiment, run_name, tags={"kfp.run_id": kfp_run_id,
+                                                            "ctrflow.step": "pipeline"})
+    tracker.log_params(params)
+    return tracker.run_id or ""
+
+
+def finish_pipeline_run(uri: str | None, experiment: str, kfp_run_id: str, status: str) -> str | None:
+    """Close the parent run of pipeline run `kfp_run_id` (FINISHED or FAILED), summarizing its
+    steps' metrics on it; returns its id, None when tracking is off or no such run exists."""
+    uri = resolve_tracking_uri(uri)
+    if uri.lower() == "none":
+        return None
+    from ctrflow.tracking.mlflow_tracker import finish_pipeline_run as finish
+
+    return finish(uri, experiment, kfp_run_id, status)

@@ -1,0 +1,183 @@
+"""Preprocess speed vs pyarrow merely parsing the same file; prints one JSON line.
+
+    python benchmarks/preprocess.py [--rows 1000000] [--workers N] [--hugectr-script PATH]
+
+Synthetic Criteo-format rows (`ctrflow.data.synth`; a plain numpy generator where that is absent)
+are written once to a work directory. Then, in the same run: pyarrow.csv.read_csv of the file
+(all threads, type inference: the "merely parses" rate), and `ctrflow preprocess` end to end
+(fit + transform, raw TSV → Parquet, the library call after imports) while the memory (PSS) of this
+process and its workers is sampled for the peak. CPU seconds are reported too: on a shared machine they
+say more than wall time. `--hugectr-script` runs HugeCTR's pandas preprocessing script (never vendored) on the
+same file for the speed-up figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
+
+from ctrflow.data.preprocess import preprocess
+from ctrflow.data.schema import DENSE, RAW_COLUMNS, SPARSE
+
+
+def write_rows(path: Path, rows: int, seed: int) -> str:
+    """A raw TSV of `rows` rows; returns which generator wrote it."""
+    try:
+        from ctrflow.data.synth import synthesize
+
+        synthesize(path.parent / "synth", rows=rows, days=1, seed=seed)
+        os.replace(path.parent / "synth" / "day_0.tsv", path)
+        return "ctrflow.data.synth"
+    except ImportError:
+        pass
+    rng = np.random.default_rng(seed)
+    columns = {"label": pa.array((rng.random(rows) < 0.25).astype(np.int64))}
+    for name in DENSE:
+        values = np.floor(rng.pareto(1.0, rows) * 3).astype(np.int64)
+        columns[name] = pa.array(values, mask=rng.random(rows) < 0.2)
+    for j, name in enumerate(SPARSE):
+        ranks = np.minimum(rng.zipf(1.2, rows), 10 ** (2 + j % 6)).astype(np.uint64)
+        hashed = (ranks * np.uint64(2654435761) + np.uint64(j)) & np.uint64(0xFFFFFFFF)
+        text = np.char.mod("%08x", hashed)
+        text[rng.random(rows) < 0.1] = ""
+        columns[name] = pa.array(text)
+    options = pcsv.WriteOptions(include_header=False, delimiter="\t", quoting_style="none")
+    pcsv.write_csv(pa.table(columns), path, options)
+    return "numpy"
+
+
+def time_pyarrow_parse(path: Path) -> float:
+    """Seconds for pyarrow.csv.read_csv of the whole file (defaults: all threads, type inference)."""
+    start = time.perf_counter()
+    pcsv.read_csv(path, read_options=pcsv.ReadOptions(column_names=list(RAW_COLUMNS)),
+                  parse_options=pcsv.ParseOptions(delimiter="\t"))
+    return time.perf_counter() - start
+
+
+def tree_memory(pid: int) -> int:
+    """Bytes of memory of a process and all its descendants: the sum of their PSS (shared pages, e.g.
+    those a forked worker inherits, counted once), from /proc."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                parents[int(entry)] = int(stat[stat.rindex(")") + 2:].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [p for p, pp in parents.items() if pp == parent and p not in tree]
+        tree.update(children)
+        frontier.extend(children)
+    total = 0
+    for p in tree:
+        try:
+            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+    return total
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and its finished children (the workers)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def measure(fn) -> tuple[float, float, int]:
+    """(wall seconds, CPU seconds, peak memory (PSS bytes) of this process and its workers) of fn()."""
+    peak = 0
+    done = threading.Event()
+
+    def sample():  # every 50 ms until fn returns
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, tree_memory(os.getpid()))
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    cpu, start = cpu_seconds(), time.perf_counter()
+    fn()
+    wall, cpu = time.perf_counter() - start, cpu_seconds() - cpu
+    done.set()
+    sampler.join()
+    return wall, cpu, peak
+
+
+def run_hugectr(script: str, raw: Path, work: Path) -> float:
+    """Seconds for HugeCTR's pandas preprocessing script (tools/criteo_script/preprocess.py, which
+    needs pandas, scikit-learn and six) on the same file."""
+    dst = work / "hugectr_out.txt"
+    dst.unlink(missing_ok=True)  # the script refuses to overwrite
+    cmd = [sys.executable, script, "--src_csv_path", str(raw), "--dst_csv_path", str(dst),
+           "--normalize_dense", "1", "--feature_cross", "0"]
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse flags, write the input once, time both, print one JSON line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--workers", type=int, default=None, help="preprocess workers (default: all cores)")
+    parser.add_argument("--repeats", type=int, default=2, help="best of this many timings of each")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workdir", default=None, help="keep the input and outputs here")
+    parser.add_argument("--hugectr-script", default=None,
+                        help="HugeCTR's tools/criteo_script/preprocess.py, run on the same file")
+    args = parser.parse_args(argv)
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="ctrflow-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    raw = work / f"raw_{args.rows}.tsv"
+    generator = "existing file"
+    if not raw.exists():
+        generator = write_rows(raw, args.rows, args.seed)
+    out = work / "out"
+    runs = [measure(lambda: preprocess([str(raw)], out=out, workers=args.workers, progress=False))
+            for _ in range(args.repeats)]
+    peak = max(r[2] for r in runs)
+    seconds, cpu, _ = min(runs)
+    parse = min(measure(lambda: time_pyarrow_parse(raw)) for _ in range(args.repeats))
+    stats = json.loads((out / "stats.json").read_text())
+    result = {
+        "benchmark": "preprocess", "rows": args.rows, "input_bytes": raw.stat().st_size, "generator": generator,
+        "pyarrow_parse_rows_per_s": round(args.rows / parse[0]), "preprocess_rows_per_s": round(args.rows / seconds),
+        "ratio_vs_pyarrow_parse": round(parse[0] / seconds, 3),
+        "preprocess_seconds": round(seconds, 3), "pyarrow_parse_seconds": round(parse[0], 3),
+        "preprocess_cpu_seconds": round(cpu, 3), "pyarrow_parse_cpu_seconds": round(parse[1], 3),
+        "passes": stats["passes"], "peak_pss_mb": round(peak / 2 ** 20, 1),
+        "distinct_values": sum(c.get("distinct_train", 0) for c in stats["columns"].values()),
+        "workers": stats["workers"], "cpus": os.cpu_count(), "machine": platform.node(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+    }
+    if args.hugectr_script:
+        hugectr_s = run_hugectr(args.hugectr_script, raw, work)
+        result["hugectr_rows_per_s"] = round(args.rows / hugectr_s)
+        result["speedup_vs_hugectr"] = round(hugectr_s / seconds, 2)
+    print(json.dumps(result))
+    if not args.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

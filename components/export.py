@@ -1,0 +1,33 @@
+"""`ctrflow export` as a component: a validated Triton model repository, registered in MLflow."""
+
+from kfp import dsl
+from kfp.dsl import Dataset, Input, Model, Output
+
+from components.image import TRAIN_IMAGE
+
+
+@dsl.component(base_image=TRAIN_IMAGE, install_kfp_package=False)
+def export(data: Input[Dataset], checkpoint: Input[Model], repository: Output[Model], name: str = "ctr",
+           backend: str = "onnxruntime", tracking_uri: str = "", experiment: str = "ctrflow",
+           parent_run_id: str = "", kfp_run_id: str = ""):
+    """Write the Triton ensemble `name` into `repository` (the export step also registers it in
+    MLflow with alias `candidate`). Metadata: name, backend, validation result, registered version."""
+    import contextlib
+    import io
+    import json
+
+    from ctrflow.cli import main
+    from ctrflow.tracking import tracking_argv
+
+    argv = ["export", "--checkpoint", checkpoint.path, "--data", data.path, "--out", repository.path,
+            "--name", name, "--backend", backend,
+            *tracking_argv(tracking_uri, experiment, parent_run_id, {"kfp.run_id": kfp_run_id})]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):  # the step prints its summary as one JSON line
+        code = main(argv)
+    print(printed.getvalue(), end="")
+    if code != 0:
+        raise RuntimeError(f"ctrflow {' '.join(argv)} failed")
+    summary = json.loads(printed.getvalue().strip().splitlines()[-1])
+    repository.metadata.update({k: summary[k] for k in ("name", "backend", "max_abs_diff", "rows",
+                                                        "registered_version") if k in summary})

@@ -1,0 +1,87 @@
+"""`ctrflow pipeline compile|run|submit`: flags for every pipeline parameter, then compile, run
+locally or submit. `ctrflow.commands.pipeline` hands its parser and arguments to this module."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from pipelines.compile import COMMITTED, compile_pipeline, pipeline_parameters
+
+
+def add_parameter_flags(parser: argparse.ArgumentParser) -> None:
+    """One `--name-with-dashes` flag per pipeline parameter; left out, the pipeline's default holds."""
+    group = parser.add_argument_group("pipeline parameters (default: the pipeline's own)")
+    for name, param in pipeline_parameters().items():
+        kind = param.annotation if isinstance(param.annotation, type) else type(param.default)
+        group.add_argument(f"--{name.replace('_', '-')}", dest=f"param_{name}", type=kind, default=None,
+                           metavar=kind.__name__.upper(), help=f"default: {param.default!r}")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Sub-commands of `ctrflow pipeline`."""
+    sub = parser.add_subparsers(dest="action", metavar="<action>", required=True)
+    compile_ = sub.add_parser("compile", help="write the pipeline's IR YAML")
+    compile_.add_argument("--out", default=str(COMMITTED), help="YAML file to write (default: pipeline.yaml)")
+
+    local = sub.add_parser("run", help="run the whole pipeline on this machine")
+    local.add_argument("--local", action="store_true", required=True,
+                       help="use KFP's local subprocess runner (to run on a cluster, see `submit`)")
+    local.add_argument("--pipeline-root", default="runs/pipeline", help="folder of task outputs")
+    local.add_argument("--log", default=None, metavar="FILE",
+                       help="write the tasks' logs here and show only task progress (default: show all)")
+    add_parameter_flags(local)
+
+    submit = sub.add_parser("submit", help="submit a run to Kubeflow Pipelines or Vertex AI")
+    submit.add_argument("--host", help="KFP API endpoint, e.g. http://localhost:8080")
+    submit.add_argument("--experiment", default="ctrflow", help="KFP experiment name")
+    submit.add_argument("--run-name", default=None, help="KFP run / Vertex job display name")
+    submit.add_argument("--namespace", default=None, help="KFP namespace (multi-user installs)")
+    submit.add_argument("--vertex-project", help="submit to Vertex AI Pipelines in this GCP project")
+    submit.add_argument("--vertex-region", default="us-central1", help="Vertex AI region")
+    submit.add_argument("--pipeline-root", default=None, help="gs:// folder for Vertex AI task outputs")
+    submit.add_argument("--service-account", default=None, help="service account of the Vertex AI job")
+    add_parameter_flags(submit)
+
+
+def parameter_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The pipeline parameters given on the command line."""
+    return {name: getattr(args, f"param_{name}") for name in pipeline_parameters()
+            if getattr(args, f"param_{name}", None) is not None}
+
+
+def run(args: argparse.Namespace) -> int:
+    """Do the chosen action; prints where its result is."""
+    from ctrflow.errors import UserError
+
+    if args.action == "compile":
+        print(f"wrote {compile_pipeline(args.out)}")
+        return 0
+    arguments = parameter_values(args)
+    if args.action == "run":
+        from pipelines.local import run_local, summarize_local_run
+
+        try:
+            run_dir = run_local(args.pipeline_root, arguments, log_file=args.log)
+        except RuntimeError as err:  # the task's own log is printed above
+            raise UserError(str(err).splitlines()[0]) from None
+        print(json.dumps(summarize_local_run(Path(run_dir)), indent=2))
+        return 0
+    if args.vertex_project:
+        from pipelines.submit import submit_vertex
+
+        if not args.pipeline_root:
+            raise UserError("--vertex-project needs --pipeline-root gs://BUCKET/PATH")
+        name = submit_vertex(args.vertex_project, args.vertex_region, args.pipeline_root, arguments,
+                             args.run_name or "ctrflow", args.service_account)
+        print(f"submitted Vertex AI pipeline job {name}")
+        return 0
+    if not args.host:
+        raise UserError("submit needs --host URL (Kubeflow Pipelines) or --vertex-project")
+    from pipelines.submit import submit_kfp
+
+    run_id = submit_kfp(args.host, arguments, args.experiment, args.run_name, args.namespace)
+    print(f"submitted KFP run {run_id} to {args.host}")
+    return 0

@@ -1,0 +1,117 @@
+"""Run the whole pipeline on this machine with KFP's local runner (no Kubernetes, no Docker).
+
+Every task runs as a subprocess of this Python environment, so ctrflow must be installed here.
+Outputs land under `pipeline_root/<pipeline>-<timestamp>/<task>/<output>`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+from pipelines.pipeline import PIPELINE_NAME, ctrflow_pipeline
+
+
+def absolute_tracking_uri(uri: str) -> str:
+    """The MLflow URI the tasks should use, with a relative SQLite path made absolute (tasks may run
+    elsewhere) and "" resolved as the steps would ($MLFLOW_TRACKING_URI, else ./mlflow.db)."""
+    from ctrflow.tracking import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(uri)
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        uri = prefix + str(Path(uri[len(prefix):]).resolve())
+    return uri
+
+
+class TaskProgress(io.TextIOBase):
+    """Stdout during a local run: everything goes to a log file, and only the runner's
+    "Executing task" / "finished with status" lines reach the console."""
+
+    PROGRESS = re.compile(r"Executing task|finished with status")
+
+    def __init__(self, log, console) -> None:
+        self.log, self.console, self.pending = log, console, ""
+
+    def write(self, text: str) -> int:
+        self.log.write(text)
+        *lines, self.pending = (self.pending + text).split("\n")
+        for line in lines:
+            if self.PROGRESS.search(line):
+                self.console.write(line + "\n")
+                self.console.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        self.log.flush()
+
+
+def run_local(pipeline_root: str | os.PathLike, arguments: dict[str, Any],
+              log_file: str | os.PathLike | None = None) -> Path:
+    """Run the pipeline with `arguments` (pipeline parameter values) under `pipeline_root`;
+    returns the run's output folder. With `log_file`, the tasks' logs go there and the console
+    shows one line per task start and end. Raises RuntimeError naming the failed task."""
+    if log_file is None:
+        return _run(pipeline_root, arguments)
+    import sys
+
+    with open(log_file, "w") as log, contextlib.redirect_stdout(TaskProgress(log, sys.stdout)):
+        return _run(pipeline_root, arguments)
+
+
+def _run(pipeline_root: str | os.PathLike, arguments: dict[str, Any]) -> Path:
+    import kfp.local
+
+    root = Path(pipeline_root).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    arguments = {**arguments,
+                 "mlflow_tracking_uri": absolute_tracking_uri(arguments.get("mlflow_tracking_uri", ""))}
+    kfp.local.init(runner=kfp.local.SubprocessRunner(use_venv=False), pipeline_root=str(root))
+    before = set(root.iterdir())
+    with warnings.catch_warnings():
+        # expected here: the image, display names and GPU requests only matter on a cluster
+        warnings.filterwarnings("ignore", message=".*(have no effect in the current local runner|base image)")
+        ctrflow_pipeline(**arguments)
+    created = sorted(p for p in set(root.iterdir()) - before if p.name.startswith(PIPELINE_NAME))
+    return created[-1]
+
+
+def task_output(run_dir: Path, task: str, output: str) -> Path | None:
+    """The folder or file of `output` of `task` (`task`, `task-2`, ... in branches) that was produced."""
+    found = sorted(p for p in run_dir.glob(f"{task}*/{output}") if p.exists())
+    return found[0] if found else None
+
+
+def output_parameter(run_dir: Path, task: str) -> Any:
+    """The return value of a task (its `Output` parameter in executor_output.json)."""
+    path = task_output(run_dir, task, "executor_output.json")
+    if path is None:
+        return None
+    return json.loads(path.read_text()).get("parameterValues", {}).get("Output")
+
+
+def summarize_local_run(run_dir: Path, valid_day: str = "day_1") -> dict[str, Any]:
+    """The headline of a local run: validation AUC, teacher AUC (synthetic data), MLflow parent run,
+    Triton repository and its registered version."""
+    summary: dict[str, Any] = {"run_dir": str(run_dir), "mlflow_run_id": output_parameter(run_dir, "start-run")}
+    metrics = task_output(run_dir, "evaluate", "report/metrics.json")
+    if metrics:
+        result = json.loads(metrics.read_text())
+        summary.update(auc=result["auc"], logloss=result["logloss"], rows=result["rows"])
+    synth = task_output(run_dir, "synth", "raw/synth.json")
+    if synth:
+        summary["teacher_auc"] = json.loads(synth.read_text())["teacher_auc"].get(valid_day)
+    repository = task_output(run_dir, "export", "repository")
+    if repository:
+        summary["repository"] = str(repository)
+        output = json.loads(task_output(run_dir, "export", "executor_output.json").read_text())
+        meta = output["artifacts"]["repository"]["artifacts"][0].get("metadata", {})
+        summary["registered_version"] = meta.get("registered_version")
+        summary["model_name"] = meta.get("name")
+    return summary

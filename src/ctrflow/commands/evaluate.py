@@ -1,0 +1,34 @@
+"""`ctrflow evaluate --data DIR --checkpoint CKPT --out DIR2`: metrics.json, ROC and calibration plots."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ctrflow.tracking import add_tracking_flags, tracker_from_args
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Flags of the evaluate step."""
+    parser.add_argument("--data", required=True, help="processed data directory (`ctrflow preprocess --out`)")
+    parser.add_argument("--checkpoint", required=True, help="checkpoint directory (`ctrflow train --out`)")
+    parser.add_argument("--out", required=True, help="directory for metrics.json, roc.png, calibration.png")
+    parser.add_argument("--split", default="valid", help="split of --data to score (default: valid)")
+    parser.add_argument("--batch-size", type=int, default=16384, help="rows scored at once")
+    parser.add_argument("--bins", type=int, default=10, help="equal-count bins of the calibration table")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="where the model scores (default: a GPU when there is one)")
+    add_tracking_flags(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Evaluate and print the headline metrics as one JSON line."""
+    from ctrflow.evaluate import evaluate
+
+    with tracker_from_args(args, "evaluate") as tracker:
+        metrics = evaluate(args.data, args.checkpoint, args.out, split=args.split,
+                           batch_size=args.batch_size, bins=args.bins, device=args.device,
+                           tracker=tracker)
+    headline = {k: metrics[k] for k in ("auc", "logloss", "rows", "mean_prediction", "observed_ctr")}
+    print(json.dumps({**headline, "out": args.out}))
+    return 0

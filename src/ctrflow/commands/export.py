@@ -1,0 +1,37 @@
+"""`ctrflow export --checkpoint CKPT --data DIR --out REPO --name NAME`: a Triton model repository."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ctrflow.tracking import add_tracking_flags, tracker_from_args
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Flags of the export step."""
+    parser.add_argument("--checkpoint", required=True, help="checkpoint directory (`ctrflow train --out`)")
+    parser.add_argument("--data", required=True, help="processed data directory: vocabularies and held-out rows")
+    parser.add_argument("--out", required=True, help="Triton model repository to write into")
+    parser.add_argument("--name", default="ctr", help="ensemble name; its parts are NAME_preprocess, NAME_model")
+    parser.add_argument("--backend", choices=("onnxruntime", "python"), default="onnxruntime",
+                        help="ranking model backend: an ONNX graph, or PyTorch on the python backend "
+                             "(serves on any Triton build)")
+    parser.add_argument("--max-batch-size", type=int, default=4096, help="Triton max_batch_size of every model")
+    parser.add_argument("--instance-kind", choices=("cpu", "gpu"), default="cpu",
+                        help="where the ranking model's instances run")
+    parser.add_argument("--validation-rows", type=int, default=4096,
+                        help="held-out rows the exported model is compared on with the trained one")
+    add_tracking_flags(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Export, validate, register; print a one-line JSON summary."""
+    from ctrflow.export import export
+
+    with tracker_from_args(args, "export") as tracker:
+        summary = export(args.checkpoint, args.data, args.out, args.name, backend=args.backend,
+                         max_batch_size=args.max_batch_size, instance_kind=args.instance_kind,
+                         validation_rows=args.validation_rows, tracker=tracker)
+    print(json.dumps(summary))
+    return 0

@@ -1,0 +1,32 @@
+"""Metadata that lets other tools train on ctrflow's Parquet output.
+
+HugeCTR's Parquet data reader wants, per split directory, `_file_list.txt` (the number of files,
+then one path per line) and `_metadata.json` (rows per file; label, dense and categorical column
+names with their column index). Both names start with "_", so Parquet dataset readers skip them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from ctrflow.data.schema import DENSE, LABEL, SPARSE
+
+
+def write_hugectr_metadata(split_dir: Path, final_dir: Path) -> None:
+    """Write `_file_list.txt` and `_metadata.json` for the parts in `split_dir`; paths name `final_dir`
+    (where the split will live once the output is published)."""
+    parts = sorted(split_dir.glob("part-*.parquet"))
+    stats = [{"file_name": p.name, "num_rows": pq.ParquetFile(p).metadata.num_rows} for p in parts]
+    columns = (LABEL, *DENSE, *SPARSE)
+    metadata = {
+        "file_stats": stats,
+        "labels": [{"col_name": LABEL, "index": columns.index(LABEL)}],
+        "conts": [{"col_name": c, "index": columns.index(c)} for c in DENSE],
+        "cats": [{"col_name": c, "index": columns.index(c)} for c in SPARSE],
+    }
+    (split_dir / "_metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
+    lines = [str(len(parts))] + [str(final_dir.resolve() / p.name) for p in parts]
+    (split_dir / "_file_list.txt").write_text("\n".join(lines) + "\n")

@@ -1,0 +1,156 @@
+"""The two passes of preprocessing, as worker stages (see `parallel.StagePool`).
+
+Fit: parse a block once, transform its dense and label columns, turn its categorical values into
+keys, count the training rows' values, and cache the block in Arrow IPC (so the transform pass never
+parses text again). Transform: map the cached keys to ids with the vocabulary and write Parquet.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ctrflow.data.counting import SPILL_ENTRIES, Counter
+from ctrflow.data.criteo import Block, count_lines, line_starts, parse_block, read_block
+from ctrflow.data.schema import DENSE, LABEL, SPARSE
+from ctrflow.data.transform import transform_dense
+from ctrflow.data.vocab import Vocabularies, encode_keys
+
+VALID = "__valid"  # cache column: the row belongs to the validation split
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def rows_in_valid(seed: int, file_index: int, offsets: np.ndarray, fraction: float) -> np.ndarray:
+    """Seeded per-row coin (splitmix64 of seed, file and the line's byte offset): same for any chunking."""
+    with np.errstate(over="ignore"):
+        x = offsets.astype(np.uint64) + np.uint64(seed % (1 << 64)) * _GOLDEN + np.uint64(file_index) * _MIX1
+        x = (x ^ (x >> np.uint64(30))) * _MIX1
+        x = (x ^ (x >> np.uint64(27))) * _MIX2
+        x ^= x >> np.uint64(31)
+    return (x >> np.uint64(11)).astype(np.float64) * (2.0 ** -53) < fraction
+
+
+@dataclass
+class FitStage:
+    """Pass 1 in a worker: parse, validate, count training values, cache the block."""
+
+    paths: list[str]
+    splits: list[str]  # per file: "train", "valid" or "split" (by --valid-fraction)
+    cache_dir: str
+    valid_fraction: float = 0.0
+    seed: int = 0
+    stop_at_bad_row: bool = True
+    run_dir: str = ""
+    spill_entries: int = SPILL_ENTRIES
+    counter: Counter | None = None
+
+    def start(self) -> None:
+        """Fresh counts for this worker."""
+        self.counter = Counter(self.run_dir, self.spill_entries)
+
+    def finish(self) -> dict:
+        """This worker's run files (and other-string counts)."""
+        return self.counter.finish()
+
+    def handle(self, block: Block) -> dict:
+        """Process one block; returns its accounting (and problems, with block-relative lines)."""
+        begin, data = read_block(Path(self.paths[block.file_index]), block)
+        result = {"file": block.file_index, "lines": 0, "rows": {"train": 0, "valid": 0},
+                  "problems": [], "truncated": block.truncated, "tail": b"", "cache": None,
+                  "missing": np.zeros(len(DENSE) + len(SPARSE), dtype=np.int64)}
+        if block.truncated:
+            result["tail"], result["lines"] = data, count_lines(data)
+            return result
+        parsed = parse_block(data)
+        result["problems"], result["lines"] = parsed.problems, parsed.lines
+        n = len(parsed.rows)
+        if (parsed.problems and self.stop_at_bad_row) or n == 0:
+            return result
+        split = self.splits[block.file_index]
+        valid = None
+        if split == "split":
+            offsets = line_starts(data)[parsed.rows] + begin
+            valid = rows_in_valid(self.seed, block.file_index, offsets, self.valid_fraction)
+            result["rows"] = {"train": int(n - valid.sum()), "valid": int(valid.sum())}
+        else:
+            result["rows"][split] = n
+        table = self._encode_and_count(parsed, split, valid, result["missing"])
+        result["cache"] = f"{block.file_index:05d}-{block.index:07d}.arrow"
+        with pa.OSFile(os.path.join(self.cache_dir, result["cache"]), "wb") as sink, \
+                pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        self.counter.spill_if_large()
+        return result
+
+    def _encode_and_count(self, parsed, split: str, valid: np.ndarray | None, missing: np.ndarray) -> pa.Table:
+        """The block to cache (label, transformed dense, categorical keys); counts the training rows."""
+        columns = {LABEL: pa.array(parsed.label.astype(np.float32))}
+        dense = transform_dense(parsed.dense)
+        for j, name in enumerate(DENSE):
+            columns[name] = pa.array(np.ascontiguousarray(dense[:, j]))
+            missing[j] = parsed.dense[j].null_count
+        train = None if valid is None else pa.array(~valid)
+        for j, name in enumerate(SPARSE):
+            keys, other = encode_keys(parsed.sparse[j])
+            columns[name] = pa.array(keys)
+            missing[len(DENSE) + j] = int((keys == 0).sum())
+            if other is not None:
+                columns[f"{name}_other"] = other
+                missing[len(DENSE) + j] -= len(other) - other.null_count
+            if split == "train":
+                self.counter.add(name, keys, other)
+            elif split == "split":
+                self.counter.add(name, keys[~valid], None if other is None else other.filter(train))
+        if valid is not None:
+            columns[VALID] = pa.array(valid)
+        return pa.table(columns)
+
+
+@dataclass
+class TransformStage:
+    """Pass 2 in a worker: cached keys → ids, one Parquet part per split present in the block."""
+
+    data_dir: str  # holds vocab/ and the cache, and receives train/ and valid/
+    compression: str = "none"
+    vocab: Vocabularies | None = None
+
+    def start(self) -> None:
+        """Load the vocabularies once per worker (the same loader serving uses)."""
+        self.vocab = Vocabularies.load(self.data_dir)
+
+    def finish(self) -> None:
+        """Nothing to hand back."""
+        return None
+
+    def handle(self, task: tuple[str, dict[str, int]]) -> dict[str, int]:
+        """Write the block's parts; returns rows written per split."""
+        cache_name, parts = task
+        path = os.path.join(self.data_dir, "cache", cache_name)
+        with pa.memory_map(path) as source:
+            cached = pa.ipc.open_file(source).read_all()
+        names = set(cached.column_names)
+        columns = {name: cached.column(name) for name in (LABEL, *DENSE)}
+        for name in SPARSE:
+            other = cached.column(f"{name}_other").combine_chunks() if f"{name}_other" in names else None
+            keys = cached.column(name).to_numpy()
+            columns[name] = pa.array(self.vocab.columns[name].lookup(keys, other))
+        table = pa.table(columns)
+        written = {}
+        for split, part in parts.items():
+            rows = table
+            if VALID in names:
+                valid = cached.column(VALID)
+                rows = table.filter(valid if split == "valid" else pc.invert(valid))
+            out = os.path.join(self.data_dir, split, f"part-{part:05d}.parquet")
+            pq.write_table(rows, out, compression=self.compression, use_dictionary=False)
+            written[split] = len(rows)
+        del cached, columns, table
+        os.remove(path)
+        return written

@@ -1,0 +1,172 @@
+"""Categorical vocabularies: value → id, shared by batch preprocessing and serving (no skew).
+
+Ids per column: 0 = missing (empty), 1 = rare or unseen (OOV), 2.. = the vocabulary in order
+(most frequent first, ties by value). `DIR/vocab/C{i}.parquet` holds columns `value` (string) and
+`count` (int64); row k has id k + 2.
+
+Fast path: a value of exactly 8 bytes (Criteo's 8 hex digits) is a uint64 key (its bytes read as
+one little-endian integer, no copy), so counting and lookup are integer operations.
+Any other value ("other") takes a slower string path; both paths give the same ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ctrflow.data.schema import FIRST_ID, MISSING_ID, OOV_ID, SPARSE
+from ctrflow.errors import UserError
+
+
+def encode_keys(strings: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, pa.Array | None]:
+    """Raw strings → (uint64 keys [n], 0 where missing or "other"; other values, null elsewhere, or None)."""
+    chunks = strings.chunks if isinstance(strings, pa.ChunkedArray) else [strings]
+    chunks = [_as_plain_strings(chunk) for chunk in chunks if len(chunk)]
+    lengths, data = [], []
+    for chunk in chunks:  # the chunks' value bytes, back to back
+        _, offsets_buf, data_buf = chunk.buffers()
+        offsets = np.frombuffer(offsets_buf, dtype=np.int32, count=len(chunk) + 1, offset=chunk.offset * 4)
+        lengths.append(np.diff(offsets))
+        if data_buf is not None and offsets[-1] > offsets[0]:
+            data.append(np.frombuffer(data_buf, dtype=np.uint8, count=int(offsets[-1] - offsets[0]),
+                                      offset=int(offsets[0])))
+    lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int32)
+    data = np.concatenate(data) if len(data) > 1 else (data[0] if data else np.zeros(0, np.uint8))
+    keys = np.zeros(len(lengths), dtype=np.uint64)
+    eight = lengths == 8
+    n_eight = int(np.count_nonzero(eight))
+    if n_eight * 8 == len(data):  # every present value has 8 bytes
+        keys[eight] = data.view("<u8") if data.flags.aligned else data.copy().view("<u8")
+    elif n_eight:
+        starts = np.cumsum(lengths, dtype=np.int64) - lengths
+        keys[eight] = data[starts[eight][:, None] + np.arange(8)].view("<u8").ravel()
+    other_mask = (lengths != 0) & (keys == 0)  # other lengths, and the all-NUL 8-byte value
+    if not other_mask.any():
+        return keys, None
+    joined = pa.concat_arrays(chunks) if len(chunks) != 1 else chunks[0]
+    return keys, pc.if_else(pa.array(other_mask), joined, pa.scalar(None, pa.string()))
+
+
+def _as_plain_strings(chunk: pa.Array) -> pa.Array:
+    if chunk.type != pa.string():
+        chunk = chunk.cast(pa.string())
+    return pc.fill_null(chunk, "") if chunk.null_count else chunk
+
+
+def keys_to_strings(keys: np.ndarray) -> pa.Array:
+    """uint64 keys → the 8-byte strings they were read from."""
+    raw = pa.py_buffer(np.ascontiguousarray(keys, dtype="<u8").tobytes())
+    fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(8), len(keys), [None, raw])
+    return fixed.cast(pa.binary()).cast(pa.string())
+
+
+class ColumnVocab:
+    """One column's vocabulary and its lookup tables (hash indexes built once)."""
+
+    def __init__(self, name: str, values: pa.Array, counts: np.ndarray):
+        self.name = name
+        self.values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+        self.counts = np.asarray(counts, dtype=np.int64)
+        keys, other = encode_keys(self.values)
+        is_key = keys != 0
+        self._key_index = pd.Index(keys[is_key])
+        self._key_table = np.append(np.flatnonzero(is_key) + FIRST_ID, OOV_ID).astype(np.int32)
+        self._other_index = None
+        if other is not None:
+            is_other = other.is_valid().to_numpy(zero_copy_only=False)
+            self._other_index = pd.Index(other.filter(pa.array(is_other)).to_pylist(), dtype=object)
+            self._other_ids = (np.flatnonzero(is_other) + FIRST_ID).astype(np.int32)
+
+    @property
+    def cardinality(self) -> int:
+        """Vocabulary size + 2 (missing, OOV): the embedding table size."""
+        return len(self.values) + FIRST_ID
+
+    def lookup(self, keys: np.ndarray, other: pa.Array | None = None) -> np.ndarray:
+        """Ids (int32 [n]) of values given as `encode_keys` output."""
+        pos = self._key_index.get_indexer(keys)  # -1 (not in the vocabulary) picks OOV_ID, the last entry
+        ids = self._key_table[pos]
+        missing = keys == 0
+        if other is not None:
+            is_other = other.is_valid().to_numpy(zero_copy_only=False)
+            missing &= ~is_other
+            ids[is_other] = OOV_ID
+            if self._other_index is not None:
+                where = np.flatnonzero(is_other)
+                pos = self._other_index.get_indexer(other.filter(pa.array(is_other)).to_pylist())
+                ids[where[pos >= 0]] = self._other_ids[pos[pos >= 0]]
+        ids[missing] = MISSING_ID
+        return ids
+
+    def encode(self, values: Sequence[str] | pa.Array) -> np.ndarray:
+        """Raw strings as in the TSV ("" or None = missing) → ids, int32 [n]."""
+        strings = values if isinstance(values, (pa.Array, pa.ChunkedArray)) else pa.array(list(values), pa.string())
+        return self.lookup(*encode_keys(strings))
+
+
+class Vocabularies:
+    """The 26 column vocabularies of a processed dataset."""
+
+    def __init__(self, columns: Mapping[str, ColumnVocab]):
+        self.columns = dict(columns)
+
+    @classmethod
+    def load(cls, data_dir: str | os.PathLike) -> "Vocabularies":
+        """Read `data_dir/vocab/C{i}.parquet` (a preprocess output directory)."""
+        vocab_dir = Path(data_dir) / "vocab"
+        columns = {}
+        for name in SPARSE:
+            path = vocab_dir / f"{name}.parquet"
+            if not path.exists():
+                raise UserError(f"{path}: missing vocabulary (is {data_dir} a `ctrflow preprocess` output?)")
+            table = pq.read_table(path)
+            columns[name] = ColumnVocab(name, table.column("value"), table.column("count").to_numpy())
+        return cls(columns)
+
+    def encode(self, column: str, values: Sequence[str] | pa.Array) -> np.ndarray:
+        """Raw strings of one categorical column → ids, int32 [n]."""
+        if column not in self.columns:
+            raise UserError(f"unknown categorical column {column!r} (expected one of C1..C26)")
+        return self.columns[column].encode(values)
+
+    def cardinalities(self) -> dict[str, int]:
+        """{"C1": vocabulary + 2, ...}"""
+        return {name: vocab.cardinality for name, vocab in self.columns.items()}
+
+    def hash(self) -> str:
+        """sha256 over every column's values in id order."""
+        return vocab_hash({name: vocab.values for name, vocab in self.columns.items()})
+
+
+def vocab_hash(values: Mapping[str, pa.Array]) -> str:
+    """sha256 over each column's name, value offsets and bytes (id order): equal iff the id maps are equal."""
+    digest = hashlib.sha256()
+    for name in SPARSE:
+        column = values[name]
+        column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        n = len(column)
+        digest.update(f"{name}:{n}\n".encode())
+        if n == 0:
+            continue
+        _, offsets_buf, data_buf = column.buffers()
+        offsets = np.frombuffer(offsets_buf, dtype=np.int32, count=n + 1, offset=column.offset * 4).astype("<i8")
+        digest.update((offsets - offsets[0]).tobytes())
+        if data_buf is not None:
+            digest.update(memoryview(data_buf)[offsets[0]:offsets[-1]])
+    return digest.hexdigest()
+
+
+def write_vocab(out_dir: str | os.PathLike, tables: Mapping[str, pa.Table]) -> None:
+    """Write `out_dir/vocab/C{i}.parquet` (columns value, count) for every categorical column."""
+    vocab_dir = Path(out_dir) / "vocab"
+    vocab_dir.mkdir(parents=True, exist_ok=True)
+    for name in SPARSE:
+        pq.write_table(tables[name].select(["value", "count"]), vocab_dir / f"{name}.parquet")

@@ -1,0 +1,148 @@
+"""`FusedEmbeddingCollection`: every table in one buffer, one-kernel lookup, optimizer step in backward."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ctrflow.embedding.collection import EmbeddingCollection
+from ctrflow.embedding.fused import ops
+from ctrflow.embedding.tables import TableConfig
+from ctrflow.errors import UserError
+
+
+class _FusedLookup(torch.autograd.Function):
+    """ids -> embeddings; backward applies the collection's optimizer step and returns no gradient."""
+
+    @staticmethod
+    def forward(ctx, ids: torch.Tensor, anchor: torch.Tensor, collection: "FusedEmbeddingCollection"):
+        ctx.collection = collection
+        ctx.save_for_backward(ids)
+        return ops.lookup(ids, collection.offsets, collection.weight, collection.output_dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (ids,) = ctx.saved_tensors
+        coll = ctx.collection
+        ops.update_rows(ids, coll.offsets, grad, coll.weight, coll.row_state, coll.scratch, coll.pre_reduce)
+        return None, None, None
+
+
+class FusedEmbeddingCollection(nn.Module):
+    """Drop-in for `EmbeddingCollection` (ids [B, F] -> [B, F, D], `tables`, `full_weights()`) that
+    trains itself: the backward pass sums each distinct row's gradient and applies `optimizer`
+    ("sgd", "rowwise_adagrad" or "adam", the lazy Adam of `torch.optim.SparseAdam`) in place.
+
+    The weights are a buffer, not a parameter: dense optimizers and DDP never see them, and no
+    gradient tensor is ever made. `storage_dtype` may be bf16/fp16 (updates computed in fp32);
+    `output_dtype` is the lookup's dtype (bf16 halves the bytes of the output and its gradient).
+    Built on CPU the weights equal `EmbeddingCollection(tables, seed)`'s; built with
+    `device="cuda"` they are drawn there (same bounds, other numbers) to skip a host copy.
+    """
+
+    def __init__(self, tables: list[TableConfig], seed: int = 0, optimizer: str = "sgd", lr: float = 0.01,
+                 storage_dtype: torch.dtype = torch.float32, output_dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None, eps: float = 1e-8,
+                 betas: tuple[float, float] = (0.9, 0.999), check_ids: bool = True, pre_reduce: bool = True):
+        super().__init__()
+        if optimizer not in ops.OPTIMIZERS:
+            raise ValueError(f"unknown fused optimizer {optimizer!r}; choose one of {', '.join(ops.OPTIMIZERS)}")
+        dims = {t.embedding_dim for t in tables}
+        if len(dims) != 1:
+            raise ValueError(f"all tables of one collection need one embedding_dim, got {sorted(dims)}")
+        self.tables = list(tables)
+        self.embedding_dim = dims.pop()
+        self.output_dtype = output_dtype
+        self.check_ids = check_ids
+        self.pre_reduce = pre_reduce
+        sizes = [t.num_embeddings for t in self.tables]
+        starts = [0, *torch.tensor(sizes).cumsum(0).tolist()[:-1]]
+        device = torch.device(device or "cpu")
+        self.register_buffer("offsets", torch.tensor(starts, dtype=torch.int64, device=device))
+        self.register_buffer("sizes", torch.tensor(sizes, dtype=torch.int64, device=device), persistent=False)
+        self.register_buffer("weight", _init_weights(self.tables, seed, storage_dtype, device))
+        rows, dim = self.weight.shape
+        # unused state is one element, not empty: kernels get a valid pointer either way
+        state1 = {"rowwise_adagrad": (rows,), "adam": (rows, dim)}.get(optimizer, (1,))
+        state2 = (rows, dim) if optimizer == "adam" else (1,)
+        self.row_state = ops.RowState(
+            optimizer, torch.tensor([lr, 0.0], device=device), torch.zeros(state1, device=device),
+            torch.zeros(state2, device=device), eps, betas[0], betas[1])
+        self.scratch: dict = {}
+
+    @classmethod
+    def from_collection(cls, plain: EmbeddingCollection, **options) -> "FusedEmbeddingCollection":
+        """A fused copy of a plain collection's tables and weights (options as for the constructor)."""
+        fused = cls(plain.tables, **options)
+        weights = torch.cat([plain.full_weights()[t.name] for t in plain.tables])
+        fused.weight.copy_(weights)
+        return fused
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        st = self.row_state
+        st.hyper, st.state1, st.state2 = fn(st.hyper), fn(st.state1), fn(st.state2)
+        self.scratch.clear()
+        return self
+
+    def set_lr(self, lr: float) -> None:
+        """New learning rate for the next steps (written in place: captured graphs see it too)."""
+        self.row_state.hyper[0].fill_(lr)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if ids.dim() != 2 or ids.shape[1] != len(self.tables):
+            raise ValueError(f"ids must be [B, {len(self.tables)}], got {list(ids.shape)}")
+        if self.check_ids and not _capturing(ids):
+            self._check_range(ids)
+        anchor = ids.new_empty(0, dtype=torch.float32).requires_grad_(torch.is_grad_enabled())
+        return _FusedLookup.apply(ids, anchor, self)
+
+    def _check_range(self, ids: torch.Tensor) -> None:
+        # a device-to-host read: off (check_ids=False) in timed and captured loops
+        bad = ((ids < 0) | (ids >= self.sizes)).any(dim=0)
+        if bool(bad.any()):
+            feature = self.tables[int(bad.nonzero()[0])].feature
+            raise UserError(f"feature {feature}: ids outside its table of "
+                            f"{self.tables[int(bad.nonzero()[0])].num_embeddings} rows")
+
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        """Whole tables by name (views of the one buffer, in the storage dtype)."""
+        out = {}
+        for t, start in zip(self.tables, self.offsets.tolist()):
+            out[t.name] = self.weight[start:start + t.num_embeddings].detach()
+        return out
+
+    @property
+    def weights(self) -> dict[str, torch.Tensor]:
+        """No trainable parameters: the tables update themselves in backward (see `full_weights`)."""
+        return {}
+
+    def optimizer_state(self) -> dict[str, torch.Tensor]:
+        """The row optimizer's state: `hyper` [lr, step] and its per-row tensors (for checkpoints)."""
+        st = self.row_state
+        return {"hyper": st.hyper, "state1": st.state1, "state2": st.state2}
+
+
+def _capturing(ids: torch.Tensor) -> bool:
+    return ids.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _init_weights(tables: list[TableConfig], seed: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """All tables in one [R, D] buffer, each drawn like `init_table` (on `device`'s own generator)."""
+    rows = sum(t.num_embeddings for t in tables)
+    weight = torch.empty(rows, tables[0].embedding_dim, dtype=dtype, device=device)
+    if device.type == "meta":
+        return weight
+    start = 0
+    for index, t in enumerate(tables):
+        gen = torch.Generator(device=device).manual_seed(seed * 1000003 + index)
+        bound = 1.0 / math.sqrt(t.num_embeddings)
+        block = weight[start:start + t.num_embeddings]
+        if dtype == torch.float32:
+            block.uniform_(-bound, bound, generator=gen)
+        else:
+            block.copy_(torch.empty(block.shape, device=device).uniform_(-bound, bound, generator=gen))
+        start += t.num_embeddings
+    return weight

@@ -1,0 +1,132 @@
+"""Host side of the fused path: launch the Triton kernels on CUDA, the same algorithm in torch elsewhere.
+
+`lookup` gathers [B, F] ids from the one buffer of all tables; `update_rows` sums the gradient of
+each distinct row of a batch and applies the optimizer to it, without a sparse gradient tensor and
+without a device-to-host read (so it can run inside a captured CUDA graph).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+try:  # the kernel compiler exists only where CUDA does (an import error leaves the torch path)
+    import triton
+
+    from ctrflow.embedding.fused import kernels
+except ImportError:  # pragma: no cover - depends on the machine
+    triton = None
+    kernels = None
+
+OPTIMIZERS = {"sgd": 0, "rowwise_adagrad": 1, "adam": 2}
+
+
+@dataclass
+class RowState:
+    """Optimizer state of the fused tables: `hyper` = [lr, step] (fp32, on the weights' device);
+    `state1` ([R] row-wise Adagrad sums, or [R, D] Adam first moments), `state2` ([R, D] Adam second
+    moments); a one-element placeholder where the optimizer has none."""
+
+    optimizer: str
+    hyper: torch.Tensor
+    state1: torch.Tensor
+    state2: torch.Tensor
+    eps: float = 1e-8
+    beta1: float = 0.9
+    beta2: float = 0.999
+
+
+def uses_kernels(weight: torch.Tensor) -> bool:
+    """Whether the Triton kernels run for tensors like `weight` (CUDA and Triton present)."""
+    return weight.is_cuda and kernels is not None
+
+
+def lookup(ids: torch.Tensor, offsets: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """ids [B, F] -> rows [B, F, D] of `weight` (row ids[b, f] + offsets[f]), cast to `out_dtype`."""
+    batch, features = ids.shape
+    dim = weight.shape[1]
+    if not uses_kernels(weight):
+        return weight[(ids + offsets).reshape(-1)].to(out_dtype).view(batch, features, dim)
+    ids = ids.contiguous()
+    out = torch.empty(batch, features, dim, dtype=out_dtype, device=weight.device)
+    n_items = batch * features
+    block_n = 32
+    kernels.gather_rows_kernel[(triton.cdiv(n_items, block_n),)](
+        ids, offsets, weight, out, n_items, features, D=dim, BLOCK_D=triton.next_power_of_2(dim),
+        BLOCK_N=block_n, num_warps=4)
+    return out
+
+
+def update_rows(ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor, weight: torch.Tensor,
+                state: RowState, scratch: dict, pre_reduce: bool = True) -> None:
+    """Apply one optimizer step to the rows of `weight` that `ids` [B, F] touched, given grad [B, F, D].
+
+    Repeated rows are summed first (as a sparse gradient would be), then stepped once.
+    `scratch` keeps the fp32 sum buffer between calls (the update kernel leaves it zeroed).
+    """
+    dim = weight.shape[1]
+    rows = (ids + offsets).reshape(-1)
+    grad3 = grad  # [B, F, D], maybe a strided view (a slice of the interaction's input gradient)
+    grad = grad.reshape(-1, dim)
+    if state.optimizer == "adam":
+        state.hyper[1].add_(1.0)
+    if not uses_kernels(weight):
+        unique, inverse = torch.unique(rows, return_inverse=True)
+        summed = torch.zeros(unique.numel(), dim, dtype=torch.float32, device=grad.device)
+        summed.index_add_(0, inverse, grad.float())
+        apply_reference(unique, summed, weight, state)
+        return
+    # int32 keys sort in half the passes of int64 ones
+    keys = rows.to(torch.int32) if weight.shape[0] < 2**31 else rows
+    sorted_rows, order = torch.sort(keys)
+    is_new = torch.ones_like(sorted_rows, dtype=torch.int32)
+    is_new[1:] = sorted_rows[1:] != sorted_rows[:-1]
+    slot = torch.cumsum(is_new, 0, dtype=torch.int32) - 1  # [N] index of each position's distinct row
+    count = slot[-1:] + 1  # number of distinct rows, left on the device
+    n_items = rows.numel()
+    direct = pre_reduce and state.optimizer == "sgd" and weight.dtype == torch.float32
+    acc = weight if direct else scratch.get("acc")  # direct SGD needs no sum buffer
+    if acc is None or acc.shape[0] < n_items or acc.shape[1] != dim or acc.device != weight.device:
+        acc = scratch["acc"] = torch.zeros(n_items, dim, dtype=torch.float32, device=weight.device)
+    unique_rows = torch.empty(n_items, dtype=torch.int64, device=weight.device)
+    block_d = triton.next_power_of_2(dim)
+    if grad3.stride(2) != 1:
+        grad3 = grad3.contiguous()
+    block_n = 64 if pre_reduce else 32
+    kernels.accumulate_segments_kernel[(triton.cdiv(n_items, block_n),)](
+        sorted_rows, order, slot, grad3, acc, unique_rows, weight, state.hyper, n_items, ids.shape[1],
+        grad3.stride(0), grad3.stride(1), D=dim, BLOCK_D=block_d, BLOCK_N=block_n, PRE_REDUCE=pre_reduce,
+        GRAD_IS_BF16=grad3.dtype == torch.bfloat16, DIRECT_SGD=direct, num_warps=4)
+    if direct:
+        return
+    # bf16/fp16 weights: one row per program (16-row tiles lost updates on the GPU; NOTES.md)
+    block_u = 16 if weight.dtype == torch.float32 else 1
+    kernels.apply_update_kernel[(triton.cdiv(n_items, block_u),)](
+        unique_rows, count, acc, weight, state.state1, state.state2, state.hyper, state.eps, state.beta1,
+        state.beta2, D=dim, BLOCK_D=block_d, BLOCK_U=block_u, OPTIMIZER=OPTIMIZERS[state.optimizer],
+        num_warps=4)
+
+
+def apply_reference(rows: torch.Tensor, grad: torch.Tensor, weight: torch.Tensor, state: RowState) -> None:
+    """The update rule of `apply_update_kernel` in torch: distinct `rows` [U], summed grad [U, D] fp32."""
+    lr = state.hyper[0]
+    w = weight[rows].float()
+    if state.optimizer == "sgd":
+        w = w - lr * grad
+    elif state.optimizer == "rowwise_adagrad":
+        s = state.state1[rows] + grad.pow(2).mean(dim=1)
+        state.state1[rows] = s
+        w = w - lr * grad / (s.sqrt().unsqueeze(1) + state.eps)
+    else:
+        step = state.hyper[1]
+        m = state.state1[rows]
+        v = state.state2[rows]
+        m = m + (grad - m) * (1 - state.beta1)
+        v = v + (grad * grad - v) * (1 - state.beta2)
+        state.state1[rows] = m
+        state.state2[rows] = v
+        correction1 = 1 - state.beta1 ** step
+        correction2 = 1 - state.beta2 ** step
+        w = w - (lr * correction2.sqrt() / correction1) * m / (v.sqrt() + state.eps)
+    weight[rows] = w.to(weight.dtype)

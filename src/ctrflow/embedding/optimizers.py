@@ -1,0 +1,175 @@
+"""Sparse per-table optimizers: SGD, row-wise Adagrad, Adam and LazyAdam.
+
+Updates read the batch's gradient rows only (duplicate ids summed by coalescing): SGD, row-wise
+Adagrad and LazyAdam touch only those rows; Adam decays the moments of every row, exactly like
+`torch.optim.Adam` fed the dense gradient (affordable on small tables). State lives beside each
+table's local shard, so it is sharded with the table; `state_dict()` holds whole-table state, so a
+checkpoint written on N ranks loads on M.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from ctrflow.embedding.collection import EmbeddingCollection
+from ctrflow.embedding.tables import TableConfig
+from ctrflow.errors import UserError
+
+KINDS = ("sgd", "adagrad", "adam", "lazy_adam")
+LARGE_TABLE_ROWS = 100_000  # auto: LazyAdam at or above this many rows, Adam below
+
+
+def choose_kind(table: TableConfig, kind: str = "auto", large_table_rows: int = LARGE_TABLE_ROWS) -> str:
+    """The optimizer of one table: `kind`, or for "auto" LazyAdam on large tables and Adam on small."""
+    if kind == "auto":
+        return "lazy_adam" if table.num_embeddings >= large_table_rows else "adam"
+    if kind not in KINDS:
+        raise ValueError(f"unknown sparse optimizer {kind!r}; choose auto or one of {', '.join(KINDS)}")
+    return kind
+
+
+def state_bytes(table: TableConfig, kind: str) -> int:
+    """Bytes of weights plus optimizer state of one table (what the sharding planner packs)."""
+    extra = {"sgd": 0, "adagrad": table.num_embeddings * 4, "adam": 2 * table.bytes, "lazy_adam": 2 * table.bytes}
+    return table.bytes + extra[kind]
+
+
+def embedding_collections(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """Every embedding collection in a model, plain or sharded, by module path."""
+    from ctrflow.embedding.sharded import ShardedEmbeddingCollection
+
+    for path, module in model.named_modules():
+        if isinstance(module, (EmbeddingCollection, ShardedEmbeddingCollection)):
+            yield path, module
+
+
+def sparse_parameters(model: nn.Module) -> set[nn.Parameter]:
+    """The embedding weights of a model (the dense optimizer takes every other parameter)."""
+    return {p for _, c in embedding_collections(model) for p in c.weights.values()}
+
+
+class SparseOptimizer(torch.optim.Optimizer):
+    """One optimizer over the embedding tables of a model; each table has its own kind and state.
+
+    Param groups carry `table`, `kind`, `lr`, `betas`, `eps`, `dim` (the full embedding dim), so LR
+    schedulers work unchanged. Collections without local shards leave this rank with no groups.
+    """
+
+    def __init__(self, model: nn.Module, kind: str = "auto", lr: float = 1e-3, betas=(0.9, 0.999),
+                 eps: float = 1e-8, large_table_rows: int = LARGE_TABLE_ROWS):
+        self.collections = dict(embedding_collections(model))
+        groups = []
+        for _path, coll in self.collections.items():
+            for t in coll.tables:
+                if t.name in coll.weights:
+                    groups.append({"params": [coll.weights[t.name]], "table": t.name, "dim": t.embedding_dim,
+                                   "kind": choose_kind(t, kind, large_table_rows)})
+        self._owner = {t.name: c for c in self.collections.values() for t in c.tables}
+        self.table_kinds = {t.name: choose_kind(t, kind, large_table_rows)
+                            for c in self.collections.values() for t in c.tables}
+        self.steps = 0  # optimizer steps taken: Adam's bias correction, the same for every table
+        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps}
+        if not groups:  # a rank may hold no shard at all; torch refuses an empty optimizer
+            groups = [{"params": [], "table": None, "dim": 0, "kind": "sgd"}]
+        super().__init__(groups, defaults)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """Apply one update to the rows each table's gradient touches."""
+        loss = closure() if closure is not None else None
+        self.steps += 1
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                rows, values = _rows_and_values(p.grad)
+                getattr(self, f"_step_{group['kind']}")(p, rows, values, group, self.state[p])
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True):
+        """Sparse gradients cannot be zeroed in place: always drop them."""
+        super().zero_grad(set_to_none=True)
+
+    def _step_sgd(self, p, rows, values, group, _state):
+        p.index_add_(0, rows, values, alpha=-group["lr"])
+
+    def _step_adagrad(self, p, rows, values, group, state):
+        if "sum" not in state:
+            state["sum"] = torch.zeros(p.shape[0], device=p.device)
+        partial = values.pow(2).sum(dim=1)
+        coll = self._owner[group["table"]]
+        total = coll.reduce_row_sums(group["table"], partial) if hasattr(coll, "reduce_row_sums") else partial
+        acc = state["sum"][rows] + total / group["dim"]  # row-wise: mean of g^2 over the full row
+        state["sum"][rows] = acc
+        p.index_add_(0, rows, values / (acc.sqrt() + group["eps"]).unsqueeze(1), alpha=-group["lr"])
+
+    def _step_adam(self, p, rows, values, group, state):
+        m, v, bc1, bc2 = self._moments(p, state, group["betas"])
+        b1, b2 = group["betas"]
+        m.mul_(b1).index_add_(0, rows, values, alpha=1 - b1)
+        v.mul_(b2).index_add_(0, rows, values * values, alpha=1 - b2)
+        p.addcdiv_(m, (v / bc2).sqrt_().add_(group["eps"]), value=-group["lr"] / bc1)
+
+    def _step_lazy_adam(self, p, rows, values, group, state):
+        m, v, bc1, bc2 = self._moments(p, state, group["betas"])
+        b1, b2 = group["betas"]
+        m_rows = m[rows].mul_(b1).add_(values, alpha=1 - b1)
+        v_rows = v[rows].mul_(b2).addcmul_(values, values, value=1 - b2)
+        m[rows], v[rows] = m_rows, v_rows
+        p.index_add_(0, rows, m_rows / (v_rows / bc2).sqrt_().add_(group["eps"]), alpha=-group["lr"] / bc1)
+
+    def _moments(self, p, state, betas) -> tuple:
+        if "exp_avg" not in state:
+            state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
+        return state["exp_avg"], state["exp_avg_sq"], 1 - betas[0] ** self.steps, 1 - betas[1] ** self.steps
+
+    def state_dict(self) -> dict:
+        """Whole-table state by table name (collective when tables are sharded: call on every rank)."""
+        local = {g["table"]: self.state.get(g["params"][0], {}) for g in self.param_groups if g["params"]}
+        tables = {}
+        for coll in self.collections.values():
+            gather = getattr(coll, "gather_table", None)
+            for t in coll.tables:
+                state = local.get(t.name, {})
+                keys = _STATE_KEYS[self.table_kinds[t.name]]
+                if gather is not None:  # sharded: every rank joins, holder or not, in one order
+                    tables[t.name] = {k: gather(t.name, state.get(k), per_row=k == "sum") for k in keys}
+                else:
+                    tables[t.name] = {k: state[k].detach().cpu().clone() for k in keys if k in state}
+        return {"steps": self.steps, "lr": self.param_groups[0]["lr"], "kinds": dict(self.table_kinds),
+                "tables": tables}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore from whole-table state (written on any number of ranks)."""
+        self.steps = int(state_dict["steps"])
+        for group in self.param_groups:
+            group["lr"] = state_dict["lr"]
+            if not group["params"]:
+                continue
+            saved = state_dict["tables"].get(group["table"])
+            if saved is None:
+                raise ValueError(f"optimizer state has no table {group['table']}")
+            if state_dict["kinds"][group["table"]] != group["kind"]:
+                raise UserError(f"table {group['table']}: checkpoint used {state_dict['kinds'][group['table']]}, "
+                                 f"this run {group['kind']}")
+            p, coll = group["params"][0], self._owner[group["table"]]
+            state = {}
+            for key, full in saved.items():
+                part = coll.local_slice(group["table"], full) if hasattr(coll, "local_slice") else full
+                state[key] = part.to(p.device).clone()
+            self.state[p] = state
+
+
+_STATE_KEYS = {"sgd": (), "adagrad": ("sum",), "adam": ("exp_avg", "exp_avg_sq"),
+               "lazy_adam": ("exp_avg", "exp_avg_sq")}
+
+
+def _rows_and_values(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unique touched rows and their summed gradients; a dense gradient touches every row."""
+    if grad.is_sparse:
+        g = grad.coalesce()  # dedups ids: segment-sum of the duplicate rows
+        return g.indices()[0], g.values()
+    return torch.arange(grad.shape[0], device=grad.device), grad

@@ -1,0 +1,96 @@
+"""Hybrid parallelism applied to a finished model: sharded embeddings + data-parallel dense layers.
+
+The model never mentions parallelism. `parallelize(model, plan, device)` applies, in this order:
+1. `apply_embedding_sharding`: every `EmbeddingCollection` becomes a `ShardedEmbeddingCollection`
+   (model-parallel tables, all-to-all lookups) on its own process group;
+2. the dense rest moves to the device;
+3. `apply_data_parallel`: DDP (composable `replicate`) over the dense parameters only.
+One code path for 1 and N processes: with one process nothing is sharded or wrapped.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ctrflow.embedding.collection import EmbeddingCollection
+from ctrflow.embedding.plan import ShardingPlan, device_memory_budget, plan_sharding, read_plan_overrides
+from ctrflow.embedding.sharded import ShardedEmbeddingCollection
+from ctrflow.embedding.tables import TableConfig
+from ctrflow.errors import UserError
+
+
+def model_tables(model: nn.Module) -> list[TableConfig]:
+    """Tables of every embedding collection in the model; names must be unique across collections."""
+    tables, seen = [], set()
+    for _path, module in model.named_modules():
+        if isinstance(module, (EmbeddingCollection, ShardedEmbeddingCollection)):
+            for t in module.tables:
+                if t.name in seen:
+                    raise ValueError(f"table name {t.name} appears in two embedding collections")
+                seen.add(t.name)
+                tables.append(t)
+    return tables
+
+
+def plan_model(model: nn.Module, world_size: int, sharding: str = "auto", plan_file: str | None = None,
+               device: torch.device | str = "cpu", memory_budget: int | None = None,
+               memory_of: Callable[[TableConfig], int] | None = None) -> ShardingPlan:
+    """The sharding plan of a model's tables: `--sharding` for all, `--plan FILE` per table.
+
+    Memory per rank: `memory_budget` bytes, else free CUDA memory (the smallest over ranks,
+    so every rank computes the same plan), else unlimited on CPU.
+    """
+    tables = model_tables(model)
+    overrides = read_plan_overrides(plan_file) if plan_file else None
+    budget = memory_budget if memory_budget is not None else device_memory_budget(device)
+    if budget is not None and dist.is_initialized() and world_size > 1:
+        t = torch.tensor([budget], dtype=torch.int64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        budget = int(t.item())
+    return plan_sharding(tables, world_size, sharding, budget, memory_of, overrides)
+
+
+def apply_embedding_sharding(model: nn.Module, plan: ShardingPlan, group, device, check_ids: bool = True) -> None:
+    """Replace every `EmbeddingCollection` in the model by a sharded one, keeping its weights."""
+    targets = [(path, m) for path, m in model.named_modules() if isinstance(m, EmbeddingCollection)]
+    for path, coll in targets:
+        sharded = ShardedEmbeddingCollection.from_collection(coll, plan, group, device, check_ids)
+        parent_path, _, name = path.rpartition(".")
+        setattr(model.get_submodule(parent_path) if parent_path else model, name, sharded)
+
+
+def apply_data_parallel(model: nn.Module, device: torch.device) -> None:
+    """DDP over the dense parameters (composable: module names and state_dict keys stay the same)."""
+    from torch.distributed._composable import replicate
+
+    ignored = [m for m in model.modules() if isinstance(m, ShardedEmbeddingCollection)]
+    kwargs = {"device_ids": [device.index]} if device.type == "cuda" else {}
+    # buffers (interaction indices) are constants: no broadcast before every forward
+    newer = "forward_sync_buffers" in inspect.signature(nn.parallel.DistributedDataParallel.__init__).parameters
+    kwargs["forward_sync_buffers" if newer else "broadcast_buffers"] = False
+    replicate(model, ignored_modules=ignored, **kwargs)
+
+
+def parallelize(model: nn.Module, plan: ShardingPlan | None, device: torch.device | str = "cpu",
+                check_ids: bool = True) -> nn.Module:
+    """Shard embeddings by `plan`, move the rest to `device`, wrap the dense part in DDP.
+
+    In a single process (or plan None) the model only moves to the device. Collective with N > 1:
+    every rank calls it in the same order.
+    """
+    device = torch.device(device)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if world == 1 or plan is None:
+        return model.to(device)
+    if plan.world_size != world:
+        raise UserError(f"sharding plan is for {plan.world_size} ranks, this job has {world}")
+    group = dist.new_group(list(range(world)))  # embedding traffic apart from DDP's buckets
+    apply_embedding_sharding(model, plan, group, device, check_ids)
+    model.to(device)
+    apply_data_parallel(model, device)
+    return model

@@ -1,0 +1,278 @@
+"""Sharding plans: which rank holds which rows and columns of every table.
+
+A plan is data computed outside the model (by `plan_sharding`, from table sizes and per-rank memory,
+or read from a JSON file) and applied afterwards by `ctrflow.embedding.parallelize`.
+Sharding types, per table:
+- `table`:  the whole table on one rank;
+- `row`:    contiguous row ranges, one per rank;
+- `column`: embedding dims split into contiguous ranges, one per rank;
+- `data`:   a full replica on every rank, gradients averaged across ranks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ctrflow.embedding.tables import TableConfig
+from ctrflow.errors import UserError
+
+SHARDING_TYPES = ("table", "row", "column", "data")
+REPLICATE_BYTES = 1 << 20  # auto: tables up to 1 MiB are replicated (a dense all-reduce that small is cheap)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Rows [rows[0], rows[1]) and columns [cols[0], cols[1]) of one table, held by `rank`."""
+
+    rank: int
+    rows: tuple[int, int]
+    cols: tuple[int, int]
+
+    @property
+    def num_rows(self) -> int:
+        """Rows in this shard."""
+        return self.rows[1] - self.rows[0]
+
+    @property
+    def num_cols(self) -> int:
+        """Embedding dims in this shard."""
+        return self.cols[1] - self.cols[0]
+
+
+@dataclass(frozen=True)
+class TablePlan:
+    """How one table is split: its sharding type and its shards (one per holding rank)."""
+
+    sharding: str
+    shards: tuple[Shard, ...]
+
+    def shard_on(self, rank: int) -> Shard | None:
+        """The shard `rank` holds, or None."""
+        return next((s for s in self.shards if s.rank == rank), None)
+
+
+@dataclass(frozen=True)
+class ShardingPlan:
+    """Per-table placement for `world_size` ranks, keyed by table name."""
+
+    world_size: int
+    tables: Mapping[str, TablePlan]
+
+    def to_json(self) -> dict:
+        """A JSON-able dict that `from_json` reads back exactly."""
+        return {
+            "world_size": self.world_size,
+            "tables": {
+                name: {
+                    "sharding": tp.sharding,
+                    "shards": [{"rank": s.rank, "rows": list(s.rows), "cols": list(s.cols)} for s in tp.shards],
+                }
+                for name, tp in self.tables.items()
+            },
+        }
+
+    @staticmethod
+    def from_json(data: Mapping) -> "ShardingPlan":
+        """Inverse of `to_json`."""
+        tables = {
+            name: TablePlan(
+                spec["sharding"],
+                tuple(Shard(int(s["rank"]), tuple(s["rows"]), tuple(s["cols"])) for s in spec["shards"]),
+            )
+            for name, spec in data["tables"].items()
+        }
+        return ShardingPlan(int(data["world_size"]), tables)
+
+    def save(self, path: str | Path) -> None:
+        """Write the plan as JSON (readable by `--plan FILE`)."""
+        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+    def bytes_per_rank(self, tables: list[TableConfig],
+                       memory_of: Callable[[TableConfig], int] | None = None) -> list[int]:
+        """Memory each rank holds for these tables (weights, or `memory_of` incl. optimizer state)."""
+        memory_of = memory_of or (lambda t: t.bytes)
+        totals = [0] * self.world_size
+        for t in tables:
+            for s in self.tables[t.name].shards:
+                totals[s.rank] += memory_of(t) * s.num_rows * s.num_cols // (t.num_embeddings * t.embedding_dim)
+        return totals
+
+    def describe(self, tables: list[TableConfig], memory_of: Callable[[TableConfig], int] | None = None) -> str:
+        """A human-readable table of the plan and the memory per rank (printed on rank 0)."""
+        lines = [f"{'table':<16} {'rows':>11} {'dim':>5} {'sharding':<8} ranks"]
+        for t in tables:
+            tp = self.tables[t.name]
+            ranks = ",".join(str(s.rank) for s in tp.shards)
+            lines.append(f"{t.name:<16} {t.num_embeddings:>11} {t.embedding_dim:>5} {tp.sharding:<8} {ranks}")
+        per_rank = self.bytes_per_rank(tables, memory_of)
+        lines.append("memory per rank (MiB): " + ", ".join(f"{r}: {b / 2**20:.1f}" for r, b in enumerate(per_rank)))
+        return "\n".join(lines)
+
+
+def shards_for(table: TableConfig, sharding: str, world_size: int, rank: int = 0) -> tuple[Shard, ...]:
+    """The shards of one table under one sharding type (`rank` places a table-wise table)."""
+    n, d = table.num_embeddings, table.embedding_dim
+    if sharding == "table":
+        return (Shard(rank, (0, n), (0, d)),)
+    if sharding == "data":
+        return tuple(Shard(r, (0, n), (0, d)) for r in range(world_size))
+    if sharding == "row":
+        block = -(-n // world_size)  # ceil: the last ranks may hold fewer (or no) rows
+        bounds = [(r * block, min(n, (r + 1) * block)) for r in range(world_size)]
+        return tuple(Shard(r, b, (0, d)) for r, b in enumerate(bounds) if b[1] > b[0])
+    if sharding == "column":
+        if d < world_size:
+            raise UserError(f"table {table.name}: column sharding needs embedding_dim ({d}) "
+                            f">= world size ({world_size})")
+        edges = [d * r // world_size for r in range(world_size + 1)]
+        return tuple(Shard(r, (0, n), (edges[r], edges[r + 1])) for r in range(world_size))
+    raise UserError(f"table {table.name}: unknown sharding {sharding!r}; choose one of {', '.join(SHARDING_TYPES)}")
+
+
+def plan_sharding(
+    tables: list[TableConfig],
+    world_size: int,
+    sharding: str = "auto",
+    memory_budget: int | list[int] | None = None,
+    memory_of: Callable[[TableConfig], int] | None = None,
+    overrides: Mapping[str, str | Mapping] | None = None,
+    replicate_bytes: int = REPLICATE_BYTES,
+) -> ShardingPlan:
+    """Place every table on `world_size` ranks, balancing memory and lookup load.
+
+    `sharding` other than "auto" applies one type to every table (table-wise ones spread greedily).
+    "auto": tiny tables are replicated; a table above a quarter of a rank's fair share of memory is
+    row-wise (its lookups spread evenly too); the rest go whole to the rank with the least memory
+    plus lookup load that still has room. `memory_budget` is bytes per rank (None: unlimited);
+    `memory_of(table)` the bytes a table costs incl. optimizer state (default: its weights);
+    `overrides` maps table names to a sharding type or a saved plan entry.
+    """
+    memory_of = memory_of or (lambda t: t.bytes)
+    budgets = _budgets(memory_budget, world_size)
+    names = {t.name for t in tables}
+    unknown = sorted(set(overrides or {}) - names)
+    if unknown:
+        raise UserError(f"sharding plan names unknown tables: {', '.join(unknown)}")
+    fair_share = sum(memory_of(t) for t in tables) / world_size
+    used, load = [0.0] * world_size, [0.0] * world_size
+    placed: dict[str, TablePlan] = {}
+    for t in sorted(tables, key=lambda t: -memory_of(t)):  # largest first: greedy packing works best
+        spec = (overrides or {}).get(t.name, sharding)
+        if isinstance(spec, Mapping):
+            placed[t.name] = _table_plan_from_spec(t, spec, world_size)
+        else:
+            kind = _choose_auto(t, world_size, memory_of, fair_share, replicate_bytes) if spec == "auto" else spec
+            if kind == "column" and t.embedding_dim < world_size and t.name not in (overrides or {}):
+                kind = "table"  # e.g. DeepFM's dim-1 tables: too narrow to split
+            rank = _least_loaded(t, world_size, memory_of, used, load, budgets) if kind == "table" else 0
+            if rank is None:  # no rank has room for the whole table
+                kind, rank = ("row", 0) if spec == "auto" else (kind, 0)
+            placed[t.name] = TablePlan(kind, shards_for(t, kind, world_size, rank))
+        for s in placed[t.name].shards:
+            frac = s.num_rows * s.num_cols / (t.num_embeddings * t.embedding_dim)
+            used[s.rank] += memory_of(t) * frac
+            load[s.rank] += t.embedding_dim * (s.num_rows / t.num_embeddings if s.num_cols == t.embedding_dim else 1.0)
+    _check_budgets(used, budgets)
+    return ShardingPlan(world_size, {t.name: placed[t.name] for t in tables})
+
+
+def _choose_auto(t: TableConfig, world_size: int, memory_of, fair_share: float, replicate_bytes: int) -> str:
+    if world_size == 1:
+        return "table"
+    if t.bytes <= replicate_bytes:
+        return "data"
+    return "row" if memory_of(t) > fair_share / 4 else "table"
+
+
+def _least_loaded(t: TableConfig, world_size: int, memory_of, used, load, budgets) -> int | None:
+    """The rank where this table adds least to the larger of its memory and lookup shares
+    (None when no rank has room for it)."""
+    need = memory_of(t)
+    fits = [r for r in range(world_size) if used[r] + need <= budgets[r]]
+    if not fits:
+        return None
+    total_mem = max(sum(used) + need, 1.0)
+    total_load = max(sum(load) + t.embedding_dim, 1.0)
+    return min(fits, key=lambda r: (max((used[r] + need) / total_mem, (load[r] + t.embedding_dim) / total_load), r))
+
+
+def _budgets(memory_budget: int | list[int] | None, world_size: int) -> list[float]:
+    if memory_budget is None:
+        return [float("inf")] * world_size
+    if isinstance(memory_budget, (int, float)):
+        return [float(memory_budget)] * world_size
+    if len(memory_budget) != world_size:
+        raise ValueError(f"memory_budget has {len(memory_budget)} entries for {world_size} ranks")
+    return [float(b) for b in memory_budget]
+
+
+def _check_budgets(used: list[float], budgets: list[float]) -> None:
+    over = [r for r in range(len(used)) if used[r] > budgets[r]]
+    if over:
+        r = over[0]
+        raise UserError(
+            f"sharding plan does not fit: rank {r} needs {used[r] / 2**30:.2f} GiB of embeddings, "
+            f"budget {budgets[r] / 2**30:.2f} GiB (use more ranks, row sharding, or a smaller model)"
+        )
+
+
+def _table_plan_from_spec(t: TableConfig, spec: Mapping, world_size: int) -> TablePlan:
+    """A plan entry given as {"sharding": ..., "ranks": [r]} or a full saved entry with shards."""
+    kind = spec.get("sharding", "auto")
+    if "shards" in spec:
+        tp = ShardingPlan.from_json({"world_size": world_size, "tables": {t.name: spec}}).tables[t.name]
+        _validate_table_plan(t, tp, world_size)
+        return tp
+    rank = int(spec.get("rank", 0))
+    if not 0 <= rank < world_size:
+        raise UserError(f"table {t.name}: plan puts it on rank {rank}, but world size is {world_size}")
+    return TablePlan(kind, shards_for(t, kind, world_size, rank))
+
+
+def _validate_table_plan(t: TableConfig, tp: TablePlan, world_size: int) -> None:
+    """Shards must cover the table exactly once (replicas aside) and sit on existing ranks."""
+    if tp.sharding not in SHARDING_TYPES:
+        raise UserError(f"table {t.name}: unknown sharding {tp.sharding!r}")
+    for s in tp.shards:
+        if not 0 <= s.rank < world_size:
+            raise UserError(f"table {t.name}: plan puts a shard on rank {s.rank}, but world size is {world_size}")
+    replicas = world_size if tp.sharding == "data" else 1
+    covered = sum(s.num_rows * s.num_cols for s in tp.shards)
+    if covered != replicas * t.num_embeddings * t.embedding_dim:
+        raise UserError(f"table {t.name}: plan shards cover {covered} cells of {t.num_embeddings}x{t.embedding_dim}")
+    if tp.sharding != "data" and len({s.rank for s in tp.shards}) != len(tp.shards):
+        raise UserError(f"table {t.name}: plan puts two shards on one rank")
+
+
+def read_plan_overrides(path: str | Path) -> dict[str, str | dict]:
+    """Per-table choices from a plan file: a saved `ShardingPlan`, or {"tables": {name: "row" | {...}}}.
+
+    Entries are checked against the tables and world size by `plan_sharding`.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise UserError(f"{path}: cannot read sharding plan: {err}") from err
+    tables = data.get("tables") if isinstance(data, dict) else None
+    if not isinstance(tables, dict):
+        raise UserError(f'{path}: a sharding plan needs a "tables" object mapping table names to shardings')
+    for name, spec in tables.items():
+        kind = spec if isinstance(spec, str) else spec.get("sharding") if isinstance(spec, dict) else None
+        if kind not in SHARDING_TYPES:
+            raise UserError(f"{path}: table {name}: sharding must be one of {', '.join(SHARDING_TYPES)}, got {kind!r}")
+    return tables
+
+
+def device_memory_budget(device, fraction: float = 0.85) -> int | None:
+    """Bytes of free memory on a CUDA device times `fraction` (None on CPU: no limit unless given)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    free, _total = torch.cuda.mem_get_info(device)
+    return int(free * fraction)

@@ -1,0 +1,113 @@
+"""`ctrflow evaluate`: exact AUC, logloss and calibration of a checkpoint over a whole split.
+
+Writes `OUT/metrics.json`, `OUT/roc.png` and `OUT/calibration.png`, and logs them to the tracker.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ctrflow.evaluate.metrics import auc, calibration, logloss, roc_curve
+from ctrflow.evaluate.plots import plot_calibration, plot_roc
+from ctrflow.evaluate.split import iter_split, split_parts
+from ctrflow.tracking import NullTracker, Tracker
+
+__all__ = ["auc", "calibration", "compute_metrics", "evaluate", "logloss"]
+
+
+def compute_metrics(labels: np.ndarray, logits: np.ndarray, bins: int = 10) -> dict:
+    """Every metric of `metrics.json` from 0/1 labels and logits, both [N].
+
+    AUC is ranked on the logits (sigmoid in float32 would tie scores that the model separates);
+    probabilities are taken in float64 for logloss and calibration.
+    """
+    labels = np.asarray(labels, dtype=np.float64)
+    probs = np.exp(-np.logaddexp(0.0, -np.asarray(logits, dtype=np.float64)))  # sigmoid without overflow
+    table = calibration(labels, probs, bins=bins)
+    ctr = table["observed_ctr"]
+    base = -(ctr * math.log(ctr) + (1 - ctr) * math.log(1 - ctr)) if 0 < ctr < 1 else float("nan")
+    loss = logloss(labels, probs)
+    return {
+        "auc": auc(labels, logits),
+        "logloss": loss,
+        "normalized_entropy": loss / base,  # logloss relative to always predicting the base rate
+        "rows": int(labels.size),
+        "positives": int(labels.sum()),
+        "mean_prediction": table["mean_prediction"],
+        "observed_ctr": ctr,
+        "calibration": table,
+    }
+
+
+def _json_safe(value):
+    """NaN -> null: strict JSON readers (and MLflow) reject NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def write_plots(labels: np.ndarray, logits: np.ndarray, metrics: dict, out: Path) -> None:
+    """roc.png and calibration.png; skipped with a note where matplotlib is absent (the GPU image)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("ctrflow evaluate: matplotlib not installed; no plots written", file=sys.stderr)
+        return
+    if not math.isnan(metrics["auc"]):
+        fpr, tpr = roc_curve(labels, logits)
+        plot_roc(fpr, tpr, metrics["auc"], out / "roc.png")
+    if metrics["rows"]:
+        plot_calibration(metrics["calibration"], out / "calibration.png")
+
+
+def evaluate(data: str | os.PathLike, checkpoint: str | os.PathLike, out: str | os.PathLike,
+             split: str = "valid", batch_size: int = 16384, bins: int = 10, device: str = "cpu",
+             tracker: Tracker | None = None) -> dict:
+    """Score `data/split` with `checkpoint`; write metrics.json and the plots to `out`; return the metrics.
+
+    `device` ("cpu", "cuda", "auto") is where the model scores; metrics are computed on the host.
+    """
+    import torch
+
+    from ctrflow.predict import load_for_data, score_logits
+
+    tracker = tracker or NullTracker()
+    model, schema, meta = load_for_data(checkpoint, data)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    model.to(device)
+    labels, logits = [], []
+    for label, dense, sparse in iter_split(split_parts(data, split), schema.table_sizes()):
+        labels.append(label)
+        logits.append(score_logits(model, dense, sparse, batch_size))
+    labels = np.concatenate(labels) if labels else np.zeros(0, np.float32)
+    logits = np.concatenate(logits) if logits else np.zeros(0, np.float32)
+    metrics = compute_metrics(labels, logits, bins=bins)
+    metrics.update(split=split, data=str(data), checkpoint=str(checkpoint),
+                   model=meta.get("model", {}).get("name"), step=meta.get("step"))
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(_json_safe(metrics), indent=2) + "\n")
+    write_plots(labels, logits, metrics, out)
+
+    tracker.log_params({"split": split, "data": str(data), "checkpoint": str(checkpoint)})
+    tracker.set_tags({"schema_hash": schema.vocab_hash})
+    scalars = {k: metrics[k] for k in ("auc", "logloss", "normalized_entropy", "rows", "mean_prediction",
+                                      "observed_ctr")}
+    scalars.update(calibration_ratio=metrics["calibration"]["ratio"], ece=metrics["calibration"]["ece"])
+    tracker.log_metrics({k: float(v) for k, v in scalars.items() if v is not None and math.isfinite(v)})
+    for name in ("metrics.json", "roc.png", "calibration.png"):
+        if (out / name).exists():
+            tracker.log_artifact(out / name, "evaluate")
+    return metrics

@@ -1,0 +1,147 @@
+"""Batch scoring: a checkpoint and the saved vocabularies turn raw Criteo rows into probabilities.
+
+The same two pieces serve online: `transform_raw` is what the Triton preprocessing model runs,
+and `ctrflow.serve.ranking.ProbabilityModel` is what the exported ranking model computes, so
+offline and online scores agree (no training/serving skew).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+import torch
+from torch import nn
+
+from ctrflow.data.schema import DENSE, RAW_COLUMNS, SPARSE, Schema
+from ctrflow.errors import UserError
+from ctrflow.evaluate.metrics import auc
+from ctrflow.serve.ranking import ProbabilityModel
+
+SCORE_BATCH = 16384
+
+
+def load_for_data(checkpoint: str | os.PathLike, data: str | os.PathLike) -> tuple[nn.Module, Schema, dict]:
+    """The checkpoint's model (eval, CPU), schema and meta, after checking it matches `data`.
+
+    A checkpoint trained on other vocabularies would silently score garbage; refuse it and
+    name what differs.
+    """
+    from ctrflow.train.checkpoint import check_schema, load_model
+
+    model, schema, meta = load_model(checkpoint)
+    check_schema(schema, Schema.load(data), f"{data}/schema.json")
+    return model, schema, meta
+
+
+def _batches(model: nn.Module, dense: np.ndarray, sparse: np.ndarray, batch_size: int):
+    """(start, stop, (dense, sparse) tensors on the model's device) per batch of rows."""
+    device = next(model.parameters()).device
+    for start in range(0, len(dense), batch_size):
+        stop = start + batch_size
+        d = torch.from_numpy(np.ascontiguousarray(dense[start:stop], dtype=np.float32))
+        s = torch.from_numpy(np.ascontiguousarray(sparse[start:stop], dtype=np.int64))
+        yield start, stop, (d.to(device, non_blocking=True), s.to(device, non_blocking=True))
+
+
+def score_logits(model: nn.Module, dense: np.ndarray, sparse: np.ndarray, batch_size: int = SCORE_BATCH) -> np.ndarray:
+    """Logits [N] float32 of `model` (on any device) on dense [N, 13] and sparse [N, 26] ids, in row order."""
+    out = np.empty(len(dense), dtype=np.float32)
+    with torch.inference_mode():
+        for start, stop, inputs in _batches(model, dense, sparse, batch_size):
+            out[start:stop] = model(*inputs).float().cpu().numpy()  # device-to-host sync per batch
+    return out
+
+
+def score(model: nn.Module, dense: np.ndarray, sparse: np.ndarray, batch_size: int = SCORE_BATCH) -> np.ndarray:
+    """Probabilities [N] float32, computed exactly as the exported model computes them."""
+    wrapped = ProbabilityModel(model).eval()
+    out = np.empty(len(dense), dtype=np.float32)
+    with torch.inference_mode():
+        for start, stop, inputs in _batches(model, dense, sparse, batch_size):
+            out[start:stop] = wrapped(*inputs)[:, 0].cpu().numpy()
+    return out
+
+
+def detect_layout(path: Path) -> bool:
+    """True for the 40-column training layout (label first), False for Kaggle's 39-column test layout."""
+    from ctrflow.data.criteo import is_gzip
+
+    try:
+        with (gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")) as f:
+            first = f.readline()
+    except (OSError, EOFError) as err:
+        raise UserError(f"{path}: line 1: cannot read ({err})") from None
+    if not first:
+        return True
+    fields = first.rstrip(b"\r\n").count(b"\t") + 1
+    if fields not in (len(RAW_COLUMNS), len(RAW_COLUMNS) - 1):
+        raise UserError(f"{path}: line 1: expected {len(RAW_COLUMNS)} (training layout) or "
+                        f"{len(RAW_COLUMNS) - 1} (Kaggle test layout) tab-separated fields, found {fields}")
+    return fields == len(RAW_COLUMNS)
+
+
+def transform_file(path: Path, vocab) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+    """(dense, sparse, labels or None) per block of a raw file, through the serving transform."""
+    from ctrflow.data.criteo import read_raw
+    from ctrflow.data.transform import transform_raw
+
+    with_label = detect_layout(path)
+    for block in read_raw(path, with_label=with_label):
+        columns = {name: pc.cast(values, pa.string()) for name, values in zip(DENSE, block.dense)}
+        columns.update(zip(SPARSE, block.sparse))
+        try:
+            dense, sparse = transform_raw(columns, vocab)
+        except UserError as err:
+            raise UserError(f"{path}: {err}") from None
+        yield dense, sparse, (block.label.astype(np.float32) if with_label else None)
+
+
+def write_table(table: pa.Table, out: Path) -> None:
+    """Write `.csv` or `.parquet` atomically (a partial file never looks finished)."""
+    tmp = out.with_name(f".{out.name}.tmp")
+    if out.suffix == ".csv":
+        pcsv.write_csv(table, tmp)
+    else:
+        pq.write_table(table, tmp)
+    os.replace(tmp, out)
+
+
+def predict(checkpoint: str | os.PathLike, data: str | os.PathLike, inputs: Sequence[str | os.PathLike],
+            out: str | os.PathLike, batch_size: int = SCORE_BATCH) -> dict:
+    """Score raw Criteo files (plain or gzip, either layout, in the order given) into `out`.
+
+    `out` (.csv or .parquet) has a `probability` column in input row order, and `label` when
+    the inputs carry labels (null for rows of a file in the test layout).
+    """
+    from ctrflow.data.criteo import expand_inputs
+    from ctrflow.serve.preprocess import load_vocabularies
+
+    out = Path(out)
+    if out.suffix not in (".csv", ".parquet"):
+        raise UserError(f"--out {out}: must end in .csv or .parquet")
+    model, _, _ = load_for_data(checkpoint, data)
+    vocab = load_vocabularies(data)  # checked against schema.json's hash, as the server does
+    scores, labels = [], []
+    for path in expand_inputs(inputs):
+        for dense, sparse, label in transform_file(path, vocab):
+            scores.append(score(model, dense, sparse, batch_size))
+            labels.append(label if label is not None else np.full(len(dense), np.nan, np.float32))
+    probability = np.concatenate(scores) if scores else np.zeros(0, np.float32)
+    label = np.concatenate(labels) if labels else np.zeros(0, np.float32)
+    columns = {"probability": pa.array(probability, pa.float32())}
+    summary = {"rows": int(len(probability)), "out": str(out)}
+    if (~np.isnan(label)).any():
+        columns["label"] = pa.array(label, pa.float32(), from_pandas=True).cast(pa.int8())
+        known = ~np.isnan(label)
+        summary["auc"] = auc(label[known], probability[known])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_table(pa.table(columns), out)
+    return summary

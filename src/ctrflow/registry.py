@@ -1,0 +1,261 @@
+"""The MLflow model registry: a pyfunc that scores raw rows, and the AUC gate that moves `champion`.
+
+Each export registers a model version whose artifact is an MLflow pyfunc model (`log_pyfunc`): it
+scores a DataFrame of raw Criteo fields with the same code the Triton python models run, and
+carries the Triton repository under `artifacts/triton/`. The export points the `candidate` alias at
+it; `promote` moves `champion` to the candidate only when the candidate's AUC is at least the
+champion's.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlflow.pyfunc
+import numpy as np
+import pandas as pd
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
+from ctrflow.data.schema import DENSE, SPARSE
+from ctrflow.errors import UserError
+
+CANDIDATE = "candidate"
+CHAMPION = "champion"
+ARTIFACT_PATH = "model"  # where `log_pyfunc` puts the pyfunc model in the run's artifacts
+CHECKPOINT = "checkpoint"  # names of the pyfunc's artifacts
+VOCABULARY = "vocabulary"
+TRITON = "triton"
+RAW_FIELDS = (*DENSE, *SPARSE)
+
+
+class RawRowsModel(mlflow.pyfunc.PythonModel):
+    """Scores raw Criteo rows: a DataFrame with string columns I1..I13, C1..C26 (empty or missing
+    value = missing field) -> a DataFrame with `probability` (float32), in row order.
+
+    Runs what the Triton repository runs: ctrflow's `transform_raw` with the saved vocabularies,
+    then the ranking model, so the registry's pyfunc and the server agree.
+    """
+
+    def load_context(self, context) -> None:
+        """Load the weights-only checkpoint and the vocabularies from the model's artifacts."""
+        from ctrflow.serve.preprocess import load_vocabularies
+        from ctrflow.serve.ranking import load_ranking_model
+
+        self.model = load_ranking_model(context.artifacts[CHECKPOINT])
+        self.vocab = load_vocabularies(context.artifacts[VOCABULARY])
+
+    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
+        """probability [N] of the N rows of `model_input`; a missing column raises naming it."""
+        from ctrflow.serve.preprocess import preprocess_arrays
+        from ctrflow.serve.ranking import probabilities
+
+        missing = [name for name in RAW_FIELDS if name not in model_input.columns]
+        if missing:
+            raise UserError(f"field {missing[0]}: missing from the input ({len(missing)} field(s) missing)")
+        arrays = {name: raw_strings(model_input[name]) for name in RAW_FIELDS}
+        dense, sparse = preprocess_arrays(arrays, self.vocab)
+        return pd.DataFrame({"probability": probabilities(self.model, dense, sparse)[:, 0]})
+
+
+def raw_strings(column: pd.Series) -> np.ndarray:
+    """A column as the raw text the TSV would hold: None/NaN -> "", numbers without a trailing .0."""
+    def text(value: Any) -> str:
+        if value is None or (isinstance(value, float) and np.isnan(value)):
+            return ""
+        if isinstance(value, float) and value.is_integer():
+            return str(int(value))
+        return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+    return np.array([text(v) for v in column.tolist()], dtype=object)
+
+
+def raw_signature():
+    """The pyfunc's signature: 39 string columns in, `probability` out."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, Schema as ColumnSchema
+
+    inputs = ColumnSchema([ColSpec("string", name) for name in RAW_FIELDS])
+    return ModelSignature(inputs=inputs, outputs=ColumnSchema([ColSpec("float", "probability")]))
+
+
+def save_pyfunc(checkpoint: str | os.PathLike, data: str | os.PathLike, out: str | os.PathLike,
+                repository: str | os.PathLike | None = None) -> Path:
+    """Write the raw-rows pyfunc model directory `out` (MLmodel + artifacts) and return it.
+
+    Artifacts: the checkpoint's weights (no optimizer state), `data`'s schema and vocabularies,
+    and the Triton repository when given. Refuses a checkpoint trained on other vocabularies.
+    """
+    from ctrflow.export.python_backend import write_serving_checkpoint, write_vocabularies
+    from ctrflow.predict import load_for_data
+
+    out = Path(out)
+    model, schema, meta = load_for_data(checkpoint, data)
+    with tempfile.TemporaryDirectory(prefix="ctrflow-pyfunc-") as tmp:
+        artifacts = {CHECKPOINT: write_serving_checkpoint(model, schema, meta, Path(tmp) / CHECKPOINT)}
+        (Path(tmp) / VOCABULARY).mkdir()
+        write_vocabularies(data, Path(tmp) / VOCABULARY)
+        artifacts[VOCABULARY] = Path(tmp) / VOCABULARY
+        if repository is not None:  # MLflow names an artifact's folder after its path: stage it as triton/
+            artifacts[TRITON] = shutil.copytree(repository, Path(tmp) / TRITON)
+        mlflow.pyfunc.save_model(
+            path=str(out), python_model=RawRowsModel(), signature=raw_signature(),
+            artifacts={k: str(v) for k, v in artifacts.items()},
+            # explicit: inferring them would load the model in a subprocess; ctrflow itself comes
+            # from the serving or training image (it is not on PyPI)
+            pip_requirements=[f"torch=={_version('torch')}", f"numpy=={np.__version__}",
+                              f"pandas=={pd.__version__}", f"pyarrow=={_version('pyarrow')}"],
+            metadata={"ctrflow.model": meta.get("model", {}).get("name"), "ctrflow.step": meta.get("step")})
+    return out
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
+
+
+def log_pyfunc(tracker_or_client, checkpoint: str | os.PathLike, data: str | os.PathLike,
+               repository: str | os.PathLike | None = None, artifact_path: str = ARTIFACT_PATH,
+               run_id: str | None = None) -> str | None:
+    """Log the raw-rows pyfunc (with the Triton repository inside) under `artifact_path` of a run.
+
+    `tracker_or_client` is a ctrflow `Tracker` (its run) or an `MlflowClient` (then `run_id` is
+    required). Returns `artifact_path`, or None when the tracker tracks nothing. Register it after
+    with `tracker.register_model(name, artifact_path)` (which sets the `candidate` alias).
+    """
+    if run_id is None and getattr(tracker_or_client, "run_id", None) is None:
+        if isinstance(tracker_or_client, MlflowClient):
+            raise ValueError("log_pyfunc with an MlflowClient needs run_id")
+        return None  # NullTracker: tracking is off
+    with tempfile.TemporaryDirectory(prefix="ctrflow-pyfunc-") as tmp:
+        model_dir = save_pyfunc(checkpoint, data, Path(tmp) / "model", repository)
+        if isinstance(tracker_or_client, MlflowClient):
+            tracker_or_client.log_artifacts(run_id, str(model_dir), artifact_path)
+        else:
+            tracker_or_client.log_artifact(model_dir, artifact_path)
+    return artifact_path
+
+
+@dataclass(frozen=True)
+class Promotion:
+    """The AUC gate's verdict on one registered model."""
+
+    model: str
+    promoted: bool
+    candidate_version: str
+    candidate_auc: float | None
+    champion_version: str | None  # the champion before the decision
+    champion_auc: float | None
+    reason: str
+
+
+def alias_version(client: MlflowClient, name: str, alias: str):
+    """The model version `alias` points at, or None when the alias is not set."""
+    try:
+        return client.get_model_version_by_alias(name, alias)
+    except MlflowException as err:
+        if err.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
+            return None
+        raise
+
+
+def recorded_auc(client: MlflowClient, version) -> float | None:
+    """The AUC recorded for a version: its `auc` tag, its run's `auc` metric, else the `auc` of
+    the evaluate step of the same pipeline run (a sibling run); None when nothing was recorded."""
+    if "auc" in version.tags:
+        return float(version.tags["auc"])
+    if not version.run_id:
+        return None
+    run = client.get_run(version.run_id)
+    if "auc" in run.data.metrics:
+        return run.data.metrics["auc"]
+    parent = run.data.tags.get("mlflow.parentRunId")
+    if not parent:
+        return None
+    siblings = client.search_runs(
+        [run.info.experiment_id],
+        f"tags.`mlflow.parentRunId` = '{parent}' and tags.`ctrflow.step` = 'evaluate'",
+        order_by=["attributes.start_time DESC"], max_results=5)
+    found = [r.data.metrics["auc"] for r in siblings if "auc" in r.data.metrics]
+    return found[0] if found else None
+
+
+def recomputed_auc(client: MlflowClient, tracking_uri: str, name: str, version,
+                   data: str | os.PathLike, split: str) -> float:
+    """AUC of a version's model on `data/split`, from the checkpoint inside its pyfunc artifact."""
+    from mlflow.artifacts import download_artifacts
+
+    from ctrflow.data.loader import ParquetDataset
+    from ctrflow.data.schema import Schema
+    from ctrflow.evaluate.metrics import auc
+    from ctrflow.predict import score_logits
+    from ctrflow.serve.ranking import load_ranking_model
+    from ctrflow.train.checkpoint import check_schema
+
+    source = client.get_model_version_download_uri(name, version.version).rstrip("/")
+    with tempfile.TemporaryDirectory(prefix="ctrflow-promote-") as tmp:
+        try:
+            local = download_artifacts(artifact_uri=f"{source}/artifacts/{CHECKPOINT}", dst_path=tmp,
+                                       tracking_uri=tracking_uri)
+        except (MlflowException, OSError) as err:
+            raise UserError(f"model {name} version {version.version}: no checkpoint in its artifact "
+                            f"{source} (not logged by log_pyfunc?): {err}") from None
+        schema = Schema.load(local)
+        check_schema(schema, Schema.load(data), f"{data}/schema.json (model {name} version {version.version})")
+        ranking = load_ranking_model(local)
+    dataset = ParquetDataset(data, split, schema.table_sizes())
+    return auc(dataset.labels, score_logits(ranking.model, dataset.dense, dataset.sparse))
+
+
+def version_auc(client: MlflowClient, tracking_uri: str, name: str, version,
+                data: str | os.PathLike | None, split: str) -> float:
+    """Recomputed on `data/split` when given (both versions on the same rows), else as recorded."""
+    if data is not None:
+        return recomputed_auc(client, tracking_uri, name, version, data, split)
+    value = recorded_auc(client, version)
+    if value is None:
+        raise UserError(f"model {name} version {version.version}: no AUC recorded (no `auc` version "
+                        f"tag, run metric or evaluate step); pass --data DIR to recompute it")
+    return value
+
+
+def promote(name: str, tracking_uri: str, data: str | os.PathLike | None = None,
+            split: str = "valid") -> Promotion:
+    """Move `champion` to the `candidate` version when its AUC >= the champion's (no champion yet:
+    promote); otherwise leave the aliases alone. The verdict says why, with both AUCs."""
+    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        raise UserError(f"model {name}: not in the registry at {tracking_uri}") from None
+    candidate = alias_version(client, name, CANDIDATE)
+    if candidate is None:
+        raise UserError(f"model {name}: no version has the '{CANDIDATE}' alias (`ctrflow export` sets it)")
+    champion = alias_version(client, name, CHAMPION)
+    verdict = dict(model=name, candidate_version=str(candidate.version),
+                   champion_version=None if champion is None else str(champion.version))
+    if champion is not None and champion.version == candidate.version:
+        return Promotion(promoted=False, candidate_auc=None, champion_auc=None, **verdict,
+                         reason=f"version {candidate.version} is already the champion")
+    candidate_auc = version_auc(client, tracking_uri, name, candidate, data, split)
+    champion_auc = None if champion is None else version_auc(client, tracking_uri, name, champion, data, split)
+    where = f" on {data}/{split}" if data is not None else ""
+    if champion_auc is None:
+        reason = f"no champion yet; candidate version {candidate.version} AUC {candidate_auc:.6f}{where}"
+    elif candidate_auc >= champion_auc:
+        reason = (f"candidate version {candidate.version} AUC {candidate_auc:.6f} >= champion version "
+                  f"{champion.version} AUC {champion_auc:.6f}{where}")
+    else:
+        reason = (f"candidate version {candidate.version} AUC {candidate_auc:.6f} < champion version "
+                  f"{champion.version} AUC {champion_auc:.6f}{where}")
+        return Promotion(promoted=False, candidate_auc=candidate_auc, champion_auc=champion_auc,
+                         **verdict, reason=reason)
+    client.set_registered_model_alias(name, CHAMPION, candidate.version)
+    client.set_model_version_tag(name, candidate.version, "ctrflow.promotion", reason)
+    return Promotion(promoted=True, candidate_auc=candidate_auc, champion_auc=champion_auc,
+                     **verdict, reason=reason)

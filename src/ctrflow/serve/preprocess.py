@@ -1,0 +1,54 @@
+"""Raw Criteo fields as Triton BYTES tensors -> ranking-model inputs, with ctrflow's own transform."""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+import numpy as np
+
+from ctrflow.errors import UserError
+from ctrflow.serve import RAW_INPUTS
+
+
+def decode_fields(arrays: Mapping[str, np.ndarray | None]) -> dict[str, list[str]]:
+    """Triton BYTES tensors ([B, 1] object arrays of bytes) -> {column: B strings}.
+
+    A field absent from the request, rows of unequal count or bytes that are not UTF-8 raise
+    `UserError` naming the field.
+    """
+    columns: dict[str, list[str]] = {}
+    for name in RAW_INPUTS:
+        values = arrays.get(name)
+        if values is None:
+            raise UserError(f"field {name}: missing from the request")
+        flat = np.asarray(values, dtype=object).reshape(-1)
+        try:
+            columns[name] = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in flat]
+        except UnicodeDecodeError as err:
+            raise UserError(f"field {name}: not UTF-8 text ({err.reason})") from None
+    counts = {len(v) for v in columns.values()}
+    if len(counts) > 1:
+        raise UserError(f"fields hold different numbers of rows: {sorted(counts)}")
+    return columns
+
+
+def preprocess_arrays(arrays: Mapping[str, np.ndarray | None], vocab) -> tuple[np.ndarray, np.ndarray]:
+    """Raw field tensors -> (dense [B, 13] float32, sparse [B, 26] int64), as preprocessing computed them."""
+    from ctrflow.data.transform import transform_raw
+
+    dense, sparse = transform_raw(decode_fields(arrays), vocab)
+    return np.ascontiguousarray(dense, dtype=np.float32), np.ascontiguousarray(sparse, dtype=np.int64)
+
+
+def load_vocabularies(model_dir: str | os.PathLike):
+    """The vocabularies `ctrflow export` copied into a model version directory (`vocab/`, `schema.json`),
+    checked against the schema's hash: ids from other vocabularies would silently mean other values."""
+    from ctrflow.data.schema import Schema
+    from ctrflow.data.vocab import Vocabularies
+
+    vocab = Vocabularies.load(model_dir)
+    expected = Schema.load(model_dir).vocab_hash
+    if vocab.hash() != expected:
+        raise UserError(f"{model_dir}/vocab: vocabulary hash {vocab.hash()[:12]} != schema.json's {expected[:12]}")
+    return vocab

@@ -1,0 +1,57 @@
+"""The ranking model as the python backend serves it: a weights-only checkpoint, probability [B, 1]."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ctrflow.data.schema import DENSE, SPARSE, Schema
+from ctrflow.errors import UserError
+
+
+class ProbabilityModel(nn.Module):
+    """sigmoid(model(dense, sparse)) shaped [B, 1]: the output Triton serves as `probability`."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.model(dense, sparse)).unsqueeze(1)  # [B] -> [B, 1]
+
+
+def load_ranking_model(path: str | os.PathLike) -> ProbabilityModel:
+    """The model `ctrflow export` saved in `path` (model.pt, model.json, schema.json), eval mode."""
+    from ctrflow.models import build_model
+    from ctrflow.train.checkpoint import load_model_state
+
+    path = Path(path)
+    arch = json.loads((path / "model.json").read_text())
+    schema = Schema.load(path / "schema.json")
+    model = build_model(arch["name"], schema, arch["embedding_dim"], seed=arch.get("seed", 0), **arch["arch"])
+    load_model_state(model, torch.load(path / "model.pt", map_location="cpu", weights_only=True))
+    return ProbabilityModel(model).eval()
+
+
+def check_features(dense: np.ndarray, sparse: np.ndarray, table_sizes: list[int]) -> None:
+    """Refuse inputs the model cannot look up, naming the field (instead of an index error)."""
+    from ctrflow.data.loader import check_ids
+
+    if dense.ndim != 2 or dense.shape[1] != len(DENSE) or sparse.ndim != 2 or sparse.shape[1] != len(SPARSE):
+        raise UserError(f"dense must be [B, {len(DENSE)}] and sparse [B, {len(SPARSE)}], "
+                        f"got {list(dense.shape)} and {list(sparse.shape)}")
+    check_ids(sparse, table_sizes, where="request")
+
+
+def probabilities(model: ProbabilityModel, dense: np.ndarray, sparse: np.ndarray,
+                  device: torch.device | str = "cpu") -> np.ndarray:
+    """probability [B, 1] float32 of a `load_ranking_model` model."""
+    with torch.inference_mode():
+        d = torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)).to(device)
+        s = torch.from_numpy(np.ascontiguousarray(sparse, dtype=np.int64)).to(device)
+        return model(d, s).float().cpu().numpy()

@@ -1,0 +1,181 @@
+"""`Tracker` on MLflow, through an explicit `MlflowClient` (no global mlflow state).
+
+Several trackers may live in one process (the pipeline's parent run and a step's child run),
+so every call names its run id. A child run points at its parent with the `mlflow.parentRunId`
+tag, which is what the MLflow UI nests on.
+"""
+
+from __future__ import annotations
+
+import getpass
+import math
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+
+from ctrflow.tracking.base import Tracker
+
+PARENT_TAG = "mlflow.parentRunId"
+KFP_RUN_TAG = "kfp.run_id"
+STEP_TAG = "ctrflow.step"
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # the UI opens model-training views, not GenAI ones
+BATCH = 100  # MLflow accepts at most 100 params / 1000 metrics / 100 tags per log_batch call
+PARAM_CHARS = 6000  # MLflow's limit on a param value
+
+
+class MlflowTracker(Tracker):
+    """One MLflow run: a new one in `experiment` (nested under `parent_run_id` when given),
+    or an existing one when `run_id` is given (to log into or close it)."""
+
+    def __init__(self, uri: str, experiment: str = "ctrflow", run_name: str | None = None,
+                 parent_run_id: str | None = None, tags: Mapping[str, str] | None = None,
+                 run_id: str | None = None) -> None:
+        self.uri = uri
+        self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        self._closed = False
+        if run_id:
+            self.run_id = run_id
+            self.artifact_uri = self.client.get_run(run_id).info.artifact_uri
+            return
+        experiment_id = ensure_experiment(self.client, uri, experiment)
+        run = self.client.create_run(experiment_id, run_name=run_name,
+                                     tags=describe_run(parent_run_id, tags or {}))
+        self.run_id = run.info.run_id
+        self.artifact_uri = run.info.artifact_uri
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        """Log params (values as strings, cut to MLflow's limit); `None` values are skipped."""
+        items = [Param(str(k), str(v)[:PARAM_CHARS]) for k, v in params.items() if v is not None]
+        for i in range(0, len(items), BATCH):
+            self.client.log_batch(self.run_id, params=items[i:i + BATCH], synchronous=True)
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        """Log scalar metrics at `step` (0 when not given); non-numbers are refused by float()."""
+        now = int(time.time() * 1000)
+        items = [Metric(str(k), float(v), now, int(step or 0)) for k, v in metrics.items()]
+        for i in range(0, len(items), BATCH):
+            self.client.log_batch(self.run_id, metrics=items[i:i + BATCH], synchronous=True)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        """Set run tags (values as strings)."""
+        items = [RunTag(str(k), str(v)) for k, v in tags.items()]
+        for i in range(0, len(items), BATCH):
+            self.client.log_batch(self.run_id, tags=items[i:i + BATCH], synchronous=True)
+
+    def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
+        """Attach a file, or a directory's contents under `artifact_path` (default: its name)."""
+        path = Path(path)
+        if path.is_dir():
+            self.client.log_artifacts(self.run_id, str(path), artifact_path or path.name)
+        else:
+            self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def register_model(self, name: str, artifact_path: str, **kwargs: Any) -> str:
+        """Register `artifact_path` of this run as a new version of model `name` and point the
+        alias (`alias=`, default `candidate`) at it. `description=` describes the version; every
+        other keyword (e.g. `backend=`) becomes a version tag."""
+        alias = kwargs.pop("alias", "candidate")
+        description = kwargs.pop("description", None)
+        tags = {str(k): str(v) for k, v in {**kwargs.pop("tags", {}), **kwargs}.items()}
+        try:
+            self.client.create_registered_model(name)
+        except MlflowException as err:
+            if err.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        version = self.client.create_model_version(
+            name, source=f"{self.artifact_uri.rstrip('/')}/{artifact_path}", run_id=self.run_id,
+            tags=tags, description=description)
+        if alias:
+            self.client.set_registered_model_alias(name, alias, version.version)
+        self.set_tags({"ctrflow.registered_model": f"{name}/{version.version}"})
+        return str(version.version)
+
+    def close(self, status: str = "FINISHED") -> None:
+        """End the run with `status` (FINISHED, FAILED or KILLED); later calls do nothing."""
+        if not self._closed:
+            self.client.set_terminated(self.run_id, status)
+            self._closed = True
+
+
+def ensure_experiment(client: MlflowClient, uri: str, name: str) -> str:
+    """The id of experiment `name`, created if missing (safe when several steps race to it).
+
+    With a local SQLite store, artifacts go beside the database file (`<dir>/mlruns`) rather than
+    into whatever directory the step happens to run in.
+    """
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=local_artifact_root(uri),
+                                        tags={EXPERIMENT_KIND_TAG: "custom_model_development"})
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        return client.get_experiment_by_name(name).experiment_id
+
+
+def local_artifact_root(uri: str) -> str | None:
+    """`<db dir>/mlruns` for a `sqlite:///FILE` store; None (the server's choice) otherwise."""
+    prefix = "sqlite:///"  # sqlite:///rel.db is relative to the working directory, sqlite:////abs.db absolute
+    if not uri.startswith(prefix) or uri[len(prefix):] in ("", ":memory:"):
+        return None
+    return (Path(uri[len(prefix):]).resolve().parent / "mlruns").as_uri()
+
+
+def describe_run(parent_run_id: str | None, tags: Mapping[str, str]) -> dict[str, str]:
+    """The tags a new run starts with: the caller's, the parent link, user and git commit."""
+    described = {"mlflow.user": current_user(), **{str(k): str(v) for k, v in tags.items()}}
+    if parent_run_id:
+        described[PARENT_TAG] = parent_run_id
+    commit = git_commit()
+    if commit:
+        described.setdefault("mlflow.source.git.commit", commit)
+    return described
+
+
+def current_user() -> str:
+    """The login name, or 'unknown' in containers without one."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+def git_commit() -> str | None:
+    """The commit of the checkout ctrflow runs from; None outside git (e.g. in the image)."""
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent,
+                              capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def finish_pipeline_run(uri: str, experiment: str, kfp_run_id: str, status: str) -> str | None:
+    """Close the parent run of pipeline run `kfp_run_id` with `status`, after copying each child
+    step's latest metrics onto it as `<step>.<metric>`; returns its id (None when not found)."""
+    client = MlflowClient(tracking_uri=uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return None
+    runs = client.search_runs([found.experiment_id], f"tags.`{KFP_RUN_TAG}` = '{kfp_run_id}'")
+    parents = [r for r in runs if PARENT_TAG not in r.data.tags]
+    if not parents:
+        return None
+    parent = MlflowTracker(uri, run_id=parents[0].info.run_id)
+    children = client.search_runs([found.experiment_id], f"tags.`{PARENT_TAG}` = '{parent.run_id}'")
+    summary = {}
+    for child in children:
+        step = child.data.tags.get(STEP_TAG, child.info.run_name)
+        summary.update({f"{step}.{k}": v for k, v in child.data.metrics.items() if math.isfinite(v)})
+    if summary:
+        parent.log_metrics(summary)
+    parent.close(status)
+    return parent.run_id

@@ -1,0 +1,1 @@
+"""Training: the loop (`loop.train`), optimizers and LR schedule, checkpoints, process helpers."""

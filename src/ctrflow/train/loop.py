@@ -1,0 +1,212 @@
+"""The training loop: one code path for one process (CPU or GPU) and, under torchrun, N.
+
+Order of a run: runtime -> data -> model -> parallelize -> optimizers -> (resume) -> steps, with
+reports every `log_every` steps, validation every `eval_every` and at each epoch's end,
+checkpoints every `checkpoint_every` and at each epoch's end. The loop's own state is three
+integers: step, epoch and the next batch index within the epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ctrflow.config import TrainConfig
+from ctrflow.data.batch import Batch
+from ctrflow.data.loader import BatchLoader, ParquetDataset
+from ctrflow.data.schema import Schema
+from ctrflow.errors import UserError
+from ctrflow.models import build_model
+from ctrflow.tracking import NullTracker, Tracker
+from ctrflow.train import checkpoint
+from ctrflow.train.distributed import Runtime, close_runtime, init_runtime, parallelize, print0
+from ctrflow.train.optim import Optimizers, build_optimizers, lr_factor, sparse_memory
+from ctrflow.train.progress import ProgressLog, restart_metrics
+from ctrflow.train.validate import validate
+
+
+@dataclass
+class Session:
+    """Everything a running training holds; `step`, `epoch`, `batch` are its position."""
+
+    config: TrainConfig
+    runtime: Runtime
+    tracker: Tracker
+    schema: Schema
+    model: nn.Module  # the plain model: checkpoints and validation
+    step_model: nn.Module  # what the training step calls (the model, or its parallel wrapper)
+    optimizers: Optimizers
+    train_loader: BatchLoader
+    valid_loader: BatchLoader | None
+    out: Path
+    total_steps: int
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0
+
+
+def train(config: TrainConfig, tracker: Tracker | None = None) -> dict[str, Any]:
+    """Train `config.model` on processed data `config.data.path`, writing checkpoints and
+    `metrics.jsonl` under `config.out`; returns a summary (steps, loss, valid auc, ...)."""
+    tracker = tracker or NullTracker()
+    runtime = init_runtime(config.device)
+    try:
+        session = _setup(config, tracker, runtime)
+        return _fit(session)
+    finally:
+        close_runtime(runtime)
+
+
+def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    if config.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.manual_seed(config.seed)
+    np.random.seed(config.seed)
+    random.seed(config.seed)
+    schema = Schema.load(config.data.path)
+    train_loader, valid_loader = _loaders(config, schema, runtime)
+    m = config.model
+    model = build_model(m.name, schema, m.embedding_dim, seed=config.seed, **m.arch_kwargs())
+    # before the optimizers: sharding replaces the tables' parameters by this process's shards;
+    # it moves the model to the device (only this process's shards, never whole tables)
+    model = parallelize(model, runtime, config.sharding, config.plan, sparse_memory(config.optim))
+    optimizers = build_optimizers(model, config.optim)
+    epoch_steps = len(train_loader)
+    total = config.epochs * epoch_steps
+    total = total if config.max_steps is None else min(config.max_steps, total)
+    out = Path(config.out)
+    session = Session(config, runtime, tracker, schema, model, model, optimizers,
+                      train_loader, valid_loader, out, total)
+    source = _resume(session) if config.resume else None
+    if runtime.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        schema.save(out / "schema.json")
+        (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+        restart_metrics(out, source, session.step)
+        tracker.log_params(config.flat())
+        tracker.set_tags({"schema.vocab_hash": schema.vocab_hash, "model": m.name})
+    dense_params = sum(p.numel() for p in optimizers.dense.param_groups[0]["params"])
+    print0(f"ctrflow train: {m.name}, {dense_params:,} dense parameters, {sum(schema.table_sizes()):,} embedding "
+           f"rows x {m.embedding_dim}; {len(train_loader.dataset):,} train rows, {epoch_steps} steps/epoch of "
+           f"{config.data.batch_size}; {runtime.world_size} process(es) on {runtime.device}")
+    return session
+
+
+def _loaders(config: TrainConfig, schema: Schema, runtime: Runtime) -> tuple[BatchLoader, BatchLoader | None]:
+    data, sizes = config.data, schema.table_sizes()
+    common = {"rank": runtime.rank, "world_size": runtime.world_size, "prefetch": data.prefetch,
+              "pin_memory": runtime.device.type == "cuda"}
+    train_set = ParquetDataset(data.path, "train", sizes)
+    train_loader = BatchLoader(train_set, data.batch_size, shuffle=data.shuffle, drop_last=True, seed=config.seed,
+                               limit_batches=data.limit_train_batches, **common)
+    if len(train_loader) == 0:
+        raise UserError(f"{data.path}/train: {len(train_set)} rows, fewer than one batch of {data.batch_size}")
+    valid_loader = None
+    if (Path(data.path) / "valid").is_dir():
+        valid_set = ParquetDataset(data.path, "valid", sizes)
+        valid_loader = BatchLoader(valid_set, data.eval_batch_size, shuffle=False, drop_last=False,
+                                   limit_batches=data.limit_eval_batches, **common)
+    return train_loader, valid_loader
+
+
+def _resume(s: Session) -> Path:
+    """Restore weights, optimizer state, RNG and position; returns the old metrics.jsonl."""
+    step_dir = checkpoint.resolve_checkpoint(s.config.resume)
+    checkpoint.check_schema(Schema.load(step_dir / "schema.json"), s.schema, f"{s.config.data.path}/schema.json")
+    trained = checkpoint.read_meta(step_dir, verify=False)["model"]
+    wanted = checkpoint.model_meta(s.config)
+    diffs = [f"{k} {trained.get(k)} != {wanted[k]}" for k in wanted if trained.get(k) != wanted[k]]
+    if diffs:
+        raise UserError(f"--resume {s.config.resume}: the checkpoint's model differs: " + "; ".join(diffs))
+    meta = checkpoint.restore_checkpoint(step_dir, s.model, s.optimizers)
+    s.step, s.epoch, s.batch = meta["step"], meta["epoch"], meta["batch"]
+    print0(f"ctrflow train: resumed from {step_dir} at step {s.step} (epoch {s.epoch}, batch {s.batch})")
+    return step_dir.parent / "metrics.jsonl"
+
+
+def _fit(s: Session) -> dict[str, Any]:
+    cfg = s.config
+    log = ProgressLog(s.out, s.runtime, s.tracker, cfg.data.batch_size, s.total_steps, s.step, cfg.progress)
+    done = {"eval": -1, "ckpt": -1}
+    valid: dict[str, float] = {}
+    try:
+        while s.step < s.total_steps and s.epoch < cfg.epochs:
+            for batch in s.train_loader.batches(s.epoch, start=s.batch):
+                s.optimizers.set_lr_factor(lr_factor(s.step, cfg.optim, s.total_steps))
+                log.add(train_step(s.step_model, batch, s.optimizers, s.runtime.device))
+                s.step, s.batch = s.step + 1, s.batch + 1
+                epoch_end = s.batch == len(s.train_loader)
+                if epoch_end:
+                    s.epoch, s.batch = s.epoch + 1, 0
+                last = epoch_end or s.step >= s.total_steps
+                valid = _periodic(s, log, done, last) or valid
+                if s.step >= s.total_steps:
+                    break
+    finally:
+        log.close()
+    return _finish(s, log, valid, done)
+
+
+def train_step(step_model: nn.Module, batch: Batch, optimizers: Optimizers, device: torch.device) -> torch.Tensor:
+    """Forward, BCE-with-logits loss, backward, update; returns the (device) loss, unsynced."""
+    batch = batch.to(device, non_blocking=True)
+    logits = step_model(batch.dense, batch.sparse)
+    loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+    optimizers.zero_grad()
+    loss.backward()
+    optimizers.step()
+    return loss.detach()
+
+
+def _periodic(s: Session, log: ProgressLog, done: dict[str, int], last: bool) -> dict[str, float] | None:
+    """Report, validate and checkpoint when their turn (or the epoch's or run's end) comes."""
+    cfg, step = s.config, s.step
+    lr = s.optimizers.base_lrs[0] * lr_factor(step - 1, cfg.optim, s.total_steps)
+    evaluate = s.valid_loader is not None and (last or (cfg.eval_every and step % cfg.eval_every == 0))
+    save = last or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
+    valid = None
+    if evaluate:
+        log.pause()
+        valid = validate(s.model, s.valid_loader, s.runtime)
+        log.resume()
+        done["eval"] = step
+        print0(f"step {step}: valid auc {valid['auc']:.4f} logloss {valid['logloss']:.4f}")
+    if evaluate or (cfg.log_every and step % cfg.log_every == 0):
+        log.report(step, lr, {"auc": valid["auc"], "valid_logloss": valid["logloss"]} if valid else None)
+    if save:
+        log.check_finite(step)  # never checkpoint weights a NaN has reached
+        log.pause()
+        checkpoint.save_checkpoint(s.out, s.model, s.optimizers, {"step": step, "epoch": s.epoch, "batch": s.batch},
+                                   cfg, s.schema, s.runtime, metrics=valid or {})
+        log.resume()
+        done["ckpt"] = step
+    return valid
+
+
+def _finish(s: Session, log: ProgressLog, valid: dict[str, float], done: dict[str, int]) -> dict[str, Any]:
+    if done["ckpt"] != s.step:  # resumed at the very end: nothing trained, but `out` is still a checkpoint
+        if s.valid_loader is not None:
+            valid = validate(s.model, s.valid_loader, s.runtime)
+        checkpoint.save_checkpoint(s.out, s.model, s.optimizers, {"step": s.step, "epoch": s.epoch, "batch": s.batch},
+                                   s.config, s.schema, s.runtime, metrics=valid)
+        done["ckpt"] = s.step
+    summary = {"step": s.step, "epoch": s.epoch, "loss": log.last.get("loss"),
+               "samples_per_s": log.throughput(s.step), "checkpoint": str(s.out / f"step_{done['ckpt']:08d}"),
+               **{f"valid_{k}": v for k, v in valid.items()}}
+    if s.runtime.is_main:
+        (s.out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        s.tracker.log_metrics({k: v for k, v in summary.items() if isinstance(v, float)}, step=s.step)
+        s.tracker.log_artifact(s.out / "metrics.jsonl")
+    print0(f"ctrflow train: {s.step} steps, loss {summary['loss']}, valid auc {valid.get('auc')}, "
+           f"checkpoint {summary['checkpoint']}")
+    return summary

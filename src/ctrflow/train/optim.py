@@ -1,0 +1,111 @@
+"""Optimizers: dense (Adam/AdamW/SGD) for the MLPs, sparse per table (`ctrflow.embedding.optimizers`);
+the DLRM learning-rate schedule (linear warmup, then polynomial decay)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ctrflow.config import OptimConfig
+from ctrflow.embedding.optimizers import KINDS, SparseOptimizer, choose_kind, state_bytes
+from ctrflow.models import embedding_collections
+
+DENSE_OPTIMIZERS = ("adam", "adamw", "sgd")
+SPARSE_OPTIMIZERS = ("auto", *KINDS)
+
+
+@dataclass
+class Optimizers:
+    """The dense optimizer and the sparse one (`SparseOptimizer`, one kind per table), stepped together.
+
+    `sparse_names` lists this process's table parameters (`"<collection path>.<table name>"`); the
+    sparse state is saved as whole tables by table name, whatever the parameter order or sharding.
+    """
+
+    dense: torch.optim.Optimizer
+    sparse: torch.optim.Optimizer | None
+    sparse_names: list[str]
+    base_lrs: tuple[float, float]  # (dense, sparse) before the schedule's factor
+
+    def zero_grad(self) -> None:
+        """Drop gradients (sparse gradients cannot be zeroed in place)."""
+        for opt in self.all():
+            opt.zero_grad(set_to_none=True)
+
+    def step(self) -> None:
+        """Apply one update to every parameter."""
+        for opt in self.all():
+            opt.step()
+
+    def set_lr_factor(self, factor: float) -> None:
+        """Scale both base learning rates by the schedule's `factor`."""
+        for opt, base in zip((self.dense, self.sparse), self.base_lrs):
+            if opt is not None:
+                for group in opt.param_groups:
+                    group["lr"] = base * factor
+
+    def all(self) -> list[torch.optim.Optimizer]:
+        """The optimizers that exist."""
+        return [o for o in (self.dense, self.sparse) if o is not None]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Dense state as torch saves it; sparse state as whole tables by name (topology-independent;
+        collective when tables are sharded)."""
+        return {"dense": self.dense.state_dict(), "sparse": self.sparse.state_dict() if self.sparse else {}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of `state_dict`, on any number of processes."""
+        self.dense.load_state_dict(state["dense"])
+        if self.sparse is not None:
+            self.sparse.load_state_dict(state["sparse"])
+
+
+def split_parameters(model: nn.Module) -> tuple[list[nn.Parameter], dict[str, nn.Parameter]]:
+    """(dense parameters, embedding-table parameters by `"<collection path>.<table name>"`)."""
+    tables: dict[str, nn.Parameter] = {}
+    for path, collection in embedding_collections(model).items():
+        for name, param in collection.weights.items():
+            tables[f"{path}.{name}"] = param
+    table_ids = {id(p) for p in tables.values()}
+    dense = [p for p in model.parameters() if id(p) not in table_ids]
+    return dense, tables
+
+
+def build_optimizers(model: nn.Module, cfg: OptimConfig) -> Optimizers:
+    """The dense and sparse optimizers `cfg` names, over `model`'s parameters."""
+    dense_params, tables = split_parameters(model)
+    sparse_lr = cfg.lr if cfg.sparse_lr is None else cfg.sparse_lr
+    if cfg.dense == "adam":
+        dense = torch.optim.Adam(dense_params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    elif cfg.dense == "adamw":
+        dense = torch.optim.AdamW(dense_params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    elif cfg.dense == "sgd":
+        dense = torch.optim.SGD(dense_params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    else:
+        raise ValueError(f"unknown dense optimizer {cfg.dense!r}; choose one of {', '.join(DENSE_OPTIMIZERS)}")
+    # per table: SGD, row-wise Adagrad, Adam or LazyAdam (auto: LazyAdam on large tables, Adam on small)
+    sparse = SparseOptimizer(model, cfg.sparse, lr=sparse_lr, large_table_rows=cfg.large_table_rows)
+    return Optimizers(dense, sparse, list(tables), (cfg.lr, sparse_lr))
+
+
+def sparse_memory(cfg: OptimConfig):
+    """Bytes one table costs with its optimizer state (what the sharding planner packs)."""
+    def memory_of(table) -> int:
+        return state_bytes(table, choose_kind(table, cfg.sparse, cfg.large_table_rows))
+
+    return memory_of
+
+
+def lr_factor(step: int, cfg: OptimConfig, total_steps: int) -> float:
+    """DLRM schedule: linear warmup over `warmup_steps`, flat, then polynomial decay from
+    `decay_start_step` over `decay_steps` (0: until `total_steps`) down to `min_lr_factor`."""
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.decay_start_step is None or step < cfg.decay_start_step:
+        return 1.0
+    span = cfg.decay_steps or max(total_steps - cfg.decay_start_step, 1)
+    remaining = max(0.0, 1.0 - (step - cfg.decay_start_step) / span)
+    return cfg.min_lr_factor + (1.0 - cfg.min_lr_factor) * remaining ** cfg.decay_power

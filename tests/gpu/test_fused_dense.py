@@ -1,0 +1,55 @@
+"""The fused dot interaction and the aligned Linear against the model's own layers, on the GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from ctrflow.embedding.fused.dense import align_linear_inputs
+from ctrflow.embedding.fused.interaction import FusedDotInteraction
+from ctrflow.models.layers import MLP, DotInteraction
+
+pytestmark = pytest.mark.gpu
+CUDA = torch.device("cuda")
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("features,dim", [(27, 128), (9, 64)])
+def test_dot_interaction_matches_plain(dtype, tol, features, dim):
+    x = torch.randn(1003, features, dim, device=CUDA, dtype=torch.float64)  # reference in float64
+    plain, fused = DotInteraction(features).to(CUDA), FusedDotInteraction(features).to(CUDA)
+    xf = x.to(dtype).requires_grad_()
+    xr = x.to(dtype).double().requires_grad_()
+    out, ref = fused(xf), plain(xr)
+    assert out.shape == ref.shape and out.dtype == dtype
+    assert rel_err(out, ref) < tol
+    # the pair gradient arrives as a strided slice of the next layer's input gradient
+    grad = torch.randn(ref.shape[0], ref.shape[1] + 9, device=CUDA, dtype=dtype)[:, 3:ref.shape[1] + 3]
+    out.backward(grad)
+    ref.backward(grad.double())
+    assert rel_err(xf.grad, xr.grad) < tol
+
+
+def test_aligned_linears_compute_the_same_function_and_keep_pad_zero():
+    torch.manual_seed(0)
+    model = nn.Sequential(MLP(13, [64, 32]), MLP(32, [16, 1], last_activation=False)).to(CUDA)
+    aligned = nn.Sequential(MLP(13, [64, 32]), MLP(32, [16, 1], last_activation=False)).to(CUDA)
+    aligned.load_state_dict(model.state_dict())
+    assert align_linear_inputs(aligned) == 1
+    opt_a, opt_b = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(aligned.parameters(), lr=0.1)
+    for _ in range(3):
+        x = torch.randn(256, 13, device=CUDA)
+        for m, opt in ((model, opt_a), (aligned, opt_b)):
+            opt.zero_grad()
+            m(x).square().mean().backward()
+            opt.step()
+    x = torch.randn(256, 13, device=CUDA)
+    assert rel_err(aligned(x), model(x)) < 1e-5
+    first = aligned[0][0]
+    assert torch.all(first.weight[:, 13:] == 0)
+    assert rel_err(first.to_linear().weight, model[0][0].weight) < 1e-6

@@ -1,0 +1,129 @@
+"""Real small artifacts for the evaluate/export/predict tests: synthetic raw days, preprocessed
+by `ctrflow preprocess`, and an (untrained, seeded) checkpoint written by the checkpoint code.
+Built once per test session; a fake `triton_python_backend_utils` runs the python-backend
+`model.py` files offline."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import torch
+
+_BUILT: dict[str, Path] = {}
+
+
+def processed_data(factory) -> tuple[Path, Path]:
+    """(raw dir with day_0.tsv and day_1.tsv, processed dir): 600 synthetic rows a day (cached)."""
+    if "data" not in _BUILT:
+        from ctrflow.data.preprocess import preprocess
+        from ctrflow.data.synth import synthesize
+
+        root = factory.mktemp("serving-data")
+        synthesize(root / "raw", rows=600, days=2, seed=3)
+        preprocess([root / "raw" / "day_0.tsv"], [root / "raw" / "day_1.tsv"], root / "data",
+                   freq_threshold=2, workers=1)
+        _BUILT.update(raw=root / "raw", data=root / "data")
+    return _BUILT["raw"], _BUILT["data"]
+
+
+def checkpoint(factory, model: str = "dlrm") -> Path:
+    """A seeded, untrained checkpoint of `model` for `processed_data`, written by the checkpoint code."""
+    if model not in _BUILT:
+        from ctrflow.config import ModelConfig, TrainConfig
+        from ctrflow.data.schema import Schema
+        from ctrflow.models import build_model
+        from ctrflow.train.checkpoint import save_checkpoint
+        from ctrflow.train.distributed import Runtime
+        from ctrflow.train.optim import build_optimizers
+
+        _, data = processed_data(factory)
+        out = factory.mktemp(f"ckpt-{model}")
+        schema = Schema.load(data)
+        arch = ModelConfig(name=model, embedding_dim=4, bottom_mlp=(8,), top_mlp=(8,), deep_mlp=(8,))
+        config = TrainConfig(out=str(out), model=arch)
+        net = build_model(model, schema, 4, seed=1, **arch.arch_kwargs())
+        with torch.no_grad():  # spread the untrained scores so that comparisons are not trivially equal
+            for table in net.embeddings.weights.values():
+                table.mul_(40.0)
+        save_checkpoint(out, net, build_optimizers(net, config.optim), {"step": 0, "epoch": 0, "batch": 0},
+                        config, schema, Runtime(0, 1, 0, torch.device("cpu")))
+        _BUILT[model] = out
+    return _BUILT[model]
+
+
+class FakeTensor:
+    """`pb_utils.Tensor`: a name and a numpy array."""
+
+    def __init__(self, name: str, array: np.ndarray):
+        self._name, self._array = name, array
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        return self._array
+
+
+class FakeRequest:
+    """`pb_utils.InferenceRequest` as the backend hands it to `execute`."""
+
+    def __init__(self, tensors: dict[str, np.ndarray]):
+        self.tensors = {k: FakeTensor(k, v) for k, v in tensors.items()}
+
+
+class FakeError(Exception):
+    """`pb_utils.TritonError`."""
+
+    def __init__(self, msg: str):
+        super().__init__(msg)
+        self._msg = msg
+
+    def message(self) -> str:
+        return self._msg
+
+
+class FakeResponse:
+    """`pb_utils.InferenceResponse`."""
+
+    def __init__(self, output_tensors, error=None):
+        self.output_tensors, self.error = output_tensors, error
+
+    def output(self, name: str) -> np.ndarray:
+        return next(t.as_numpy() for t in self.output_tensors if t.name() == name)
+
+
+def fake_pb_utils() -> types.ModuleType:
+    """The subset of `triton_python_backend_utils` ctrflow's model.py files use."""
+    module = types.ModuleType("triton_python_backend_utils")
+    module.Tensor = FakeTensor
+    module.InferenceResponse = FakeResponse
+    module.TritonError = FakeError
+    module.get_input_tensor_by_name = lambda request, name: request.tensors.get(name)
+    return module
+
+
+def load_python_model(monkeypatch, model_py: Path, instance_kind: str = "CPU"):
+    """Import a repository's `model.py` with the fake backend module and initialize it."""
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake_pb_utils())
+    name = f"triton_model_{model_py.parent.parent.name}"
+    spec = importlib.util.spec_from_file_location(name, model_py)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = module.TritonPythonModel()
+    model.initialize({"model_repository": str(model_py.parent.parent), "model_version": "1",
+                      "model_name": model_py.parent.parent.name, "model_instance_kind": instance_kind,
+                      "model_instance_device_id": "0", "model_config": "{}"})
+    return model
+
+
+def raw_requests(path: Path, rows: slice) -> dict[str, np.ndarray]:
+    """Lines of a 40-column raw file as Triton BYTES inputs: {field: object array [B, 1]}."""
+    from ctrflow.data.schema import DENSE, SPARSE
+
+    lines = path.read_bytes().split(b"\n")[rows]
+    fields = [line.split(b"\t")[1:] for line in lines]
+    return {name: np.array([[f[i]] for f in fields], dtype=object) for i, name in enumerate((*DENSE, *SPARSE))}

@@ -1,0 +1,117 @@
+"""Exact metrics and the evaluate step."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ctrflow.evaluate import compute_metrics
+from ctrflow.evaluate.metrics import auc, calibration, logloss, roc_curve
+
+
+def _pairwise_auc(labels, scores):
+    """O(n^2) definition: P(score_pos > score_neg) + 0.5 P(tie)."""
+    pos, neg = scores[labels == 1], scores[labels == 0]
+    diff = pos[:, None] - neg[None, :]
+    return ((diff > 0).sum() + 0.5 * (diff == 0).sum()) / diff.size
+
+
+def test_auc_matches_pairwise_definition_with_ties():
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, 3000).astype(np.float32)
+    scores = np.round(rng.normal(size=3000) + labels, 1)  # rounding makes many ties
+    assert auc(labels, scores) == pytest.approx(_pairwise_auc(labels, scores), abs=1e-12)
+
+
+def test_auc_extremes_and_single_class():
+    labels = np.array([0, 0, 1, 1])
+    assert auc(labels, [0.1, 0.2, 0.3, 0.4]) == 1.0
+    assert auc(labels, [0.4, 0.3, 0.2, 0.1]) == 0.0
+    assert auc(labels, [0.5, 0.5, 0.5, 0.5]) == 0.5
+    assert np.isnan(auc([1, 1], [0.2, 0.3]))
+    with pytest.raises(ValueError):
+        auc([0, 2], [0.1, 0.2])
+
+
+def test_roc_curve_area_equals_auc():
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 2, 500)
+    scores = np.round(rng.normal(size=500) + labels, 1)
+    fpr, tpr = roc_curve(labels, scores)
+    assert (fpr[0], tpr[0], fpr[-1], tpr[-1]) == (0, 0, 1, 1)
+    assert np.trapezoid(tpr, fpr) == pytest.approx(auc(labels, scores), abs=1e-12)
+
+
+def test_logloss_is_mean_cross_entropy_and_finite_at_certainty():
+    assert logloss([1, 0], [0.8, 0.3]) == pytest.approx(-(np.log(0.8) + np.log(0.7)) / 2)
+    assert np.isfinite(logloss([1, 0], [0.0, 1.0]))
+
+
+def test_calibration_table_accounts_for_every_row():
+    rng = np.random.default_rng(2)
+    probs = rng.uniform(0.05, 0.6, 1001)
+    labels = (rng.uniform(size=1001) < probs).astype(np.float64)
+    table = calibration(labels, probs, bins=10)
+    assert sum(b["rows"] for b in table["bins"]) == 1001
+    assert table["mean_prediction"] == pytest.approx(probs.mean())
+    assert table["observed_ctr"] == pytest.approx(labels.mean())
+    means = [b["mean_prediction"] for b in table["bins"]]
+    assert means == sorted(means)
+    assert table["ece"] < 0.08  # labels drawn from the probabilities: nearly calibrated
+
+
+def test_compute_metrics_keys_and_values():
+    labels = np.array([0, 1, 0, 1, 1], dtype=np.float32)
+    logits = np.array([-2.0, 1.0, 0.5, 3.0, -0.5], dtype=np.float32)
+    m = compute_metrics(labels, logits)
+    assert m["rows"] == 5 and m["positives"] == 3
+    assert m["auc"] == pytest.approx(_pairwise_auc(labels, logits))
+    assert m["observed_ctr"] == pytest.approx(0.6)
+    assert m["mean_prediction"] == pytest.approx(np.mean(1 / (1 + np.exp(-logits.astype(np.float64)))))
+
+
+def test_evaluate_cli_writes_metrics_and_plots(tmp_path, tmp_path_factory, capsys):
+    from serving_fixtures import checkpoint, processed_data
+
+    from ctrflow.cli import main
+    from ctrflow.data.loader import ParquetDataset
+    from ctrflow.predict import score_logits
+    from ctrflow.train.checkpoint import load_model
+
+    _, data = processed_data(tmp_path_factory)
+    ckpt = checkpoint(tmp_path_factory)
+    out = tmp_path / "eval"
+    assert main(["evaluate", "--data", str(data), "--checkpoint", str(ckpt), "--out", str(out),
+                 "--batch-size", "128"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    valid = ParquetDataset(data, "valid")
+    logits = score_logits(load_model(ckpt)[0], valid.dense, valid.sparse)
+    assert metrics["rows"] == len(valid) == 600
+    assert metrics["auc"] == pytest.approx(auc(valid.labels, logits), abs=1e-12)
+    assert metrics["observed_ctr"] == pytest.approx(valid.labels.mean())
+    assert set(metrics) >= {"auc", "logloss", "rows", "mean_prediction", "observed_ctr", "calibration"}
+    for png in ("roc.png", "calibration.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"] == 600
+
+
+def test_evaluate_refuses_checkpoint_of_other_data(tmp_path, tmp_path_factory, capsys):
+    import shutil
+
+    from serving_fixtures import checkpoint, processed_data
+
+    from ctrflow.cli import main
+    from ctrflow.data.schema import Schema
+
+    _, data = processed_data(tmp_path_factory)
+    other = tmp_path / "other"
+    shutil.copytree(data, other)
+    schema = Schema.load(other)
+    Schema(cardinalities=dict(schema.cardinalities, C7=schema.cardinalities["C7"] + 1), freq_threshold=2,
+           rows=schema.rows, vocab_hash=schema.vocab_hash).save(other / "schema.json")
+    code = main(["evaluate", "--data", str(other), "--checkpoint", str(checkpoint(tmp_path_factory)),
+                 "--out", str(tmp_path / "eval")])
+    assert code == 2
+    assert "C7 cardinality" in capsys.readouterr().err

@@ -1,0 +1,150 @@
+"""`ctrflow export`: a complete, parseable, validated Triton repository whose ensemble chain,
+run offline through its own model.py files, scores raw rows exactly as `ctrflow predict`."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from serving_fixtures import checkpoint, load_python_model, processed_data, raw_requests
+from tritonclient.grpc import model_config_pb2 as pb
+
+from ctrflow.errors import UserError
+from ctrflow.export import export
+from ctrflow.export.triton import read_config
+from ctrflow.export.validate import check_repository
+from ctrflow.predict import predict
+
+ROWS = slice(0, 50)  # first 50 lines of the validation day
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """One repository per backend, plus `ctrflow predict` on the same raw rows."""
+    raw, data = processed_data(tmp_path_factory)
+    ckpt = checkpoint(tmp_path_factory)
+    root = tmp_path_factory.mktemp("export")
+    lines = (raw / "day_1.tsv").read_bytes().split(b"\n")[ROWS]
+    (root / "rows.tsv").write_bytes(b"\n".join(lines) + b"\n")
+    predict(ckpt, data, [root / "rows.tsv"], root / "scores.parquet")
+    summaries = {backend: export(ckpt, data, root / f"repo-{backend}", "ctr", backend=backend,
+                                 max_batch_size=64, validation_rows=300) for backend in ("onnxruntime", "python")}
+    import pyarrow.parquet as pq
+
+    expected = pq.read_table(root / "scores.parquet").column("probability").to_numpy()
+    return {"root": root, "raw": raw, "data": data, "summaries": summaries, "expected": expected}
+
+
+def test_repository_configs_parse_with_tritons_protobuf(exported):
+    repo = exported["root"] / "repo-onnxruntime"
+    configs = check_repository(repo, "ctr")
+    ensemble, pre, rank = configs["ctr"], configs["ctr_preprocess"], configs["ctr_model"]
+    assert ensemble.platform == "ensemble" and ensemble.max_batch_size == 64
+    assert [i.name for i in ensemble.input][:2] == ["I1", "I2"] and len(ensemble.input) == 39
+    assert all(i.data_type == pb.TYPE_STRING and list(i.dims) == [1] for i in ensemble.input)
+    assert [(o.name, o.data_type) for o in ensemble.output] == [("probability", pb.TYPE_FP32)]
+    assert [s.model_name for s in ensemble.ensemble_scheduling.step] == ["ctr_preprocess", "ctr_model"]
+    assert pre.backend == "python" and pre.HasField("dynamic_batching")
+    assert rank.backend == "onnxruntime" and rank.instance_group[0].kind == pb.ModelInstanceGroup.KIND_CPU
+    assert (repo / "ctr_model" / "1" / "model.onnx").exists()
+    assert (repo / "ctr_preprocess" / "1" / "vocab" / "C1.parquet").exists()
+    assert "numpy" in (repo / "requirements.txt").read_text()
+    assert read_config(repo / "ctr" / "config.pbtxt") == ensemble
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "python"])
+def test_validation_matches_trained_model(exported, backend):
+    report = json.loads((exported["root"] / f"repo-{backend}" / "validation.json").read_text())
+    assert report["rows"] == 300
+    assert report["max_abs_diff"] <= 1e-5
+    assert exported["summaries"][backend]["max_abs_diff"] == report["max_abs_diff"]
+
+
+def _chain(monkeypatch, repo, requests):
+    """NAME_preprocess -> NAME_model as Triton's ensemble runs them, one response per request."""
+    pre = load_python_model(monkeypatch, repo / "ctr_preprocess" / "1" / "model.py")
+    features = pre.execute(requests)
+    if (repo / "ctr_model" / "1" / "model.onnx").exists():
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(str(repo / "ctr_model" / "1" / "model.onnx"))
+        return [session.run(None, {"dense": r.output("dense"), "sparse": r.output("sparse")})[0] for r in features]
+    from serving_fixtures import FakeRequest
+
+    model = load_python_model(monkeypatch, repo / "ctr_model" / "1" / "model.py")
+    ranked = model.execute([FakeRequest({"dense": r.output("dense"), "sparse": r.output("sparse")}) for r in features])
+    assert all(r.error is None for r in ranked)
+    return [r.output("probability") for r in ranked]
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "python"])
+def test_ensemble_chain_on_raw_rows_equals_predict(exported, monkeypatch, backend):
+    from serving_fixtures import FakeRequest
+
+    fields = raw_requests(exported["raw"] / "day_1.tsv", ROWS)
+    halves = [FakeRequest({k: v[:20] for k, v in fields.items()}), FakeRequest({k: v[20:] for k, v in fields.items()})]
+    outputs = _chain(monkeypatch, exported["root"] / f"repo-{backend}", halves)
+    got = np.concatenate(outputs)
+    assert got.shape == (50, 1) and got.dtype == np.float32
+    assert np.abs(got[:, 0] - exported["expected"]).max() <= 1e-5
+    assert exported["expected"].std() > 1e-3  # the rows really score differently
+
+
+def test_malformed_field_gets_error_response_naming_it(exported, monkeypatch):
+    from serving_fixtures import FakeRequest
+
+    repo = exported["root"] / "repo-python"
+    pre = load_python_model(monkeypatch, repo / "ctr_preprocess" / "1" / "model.py")
+    fields = raw_requests(exported["raw"] / "day_1.tsv", slice(0, 3))
+    bad = dict(fields, I5=np.array([[b"12"], [b"x7"], [b""]], dtype=object))
+    missing = {k: v for k, v in fields.items() if k != "C9"}
+    responses = pre.execute([FakeRequest(bad), FakeRequest(missing), FakeRequest(fields)])
+    assert "I5" in responses[0].error.message()
+    assert "C9" in responses[1].error.message()
+    assert responses[2].error is None and responses[2].output("dense").shape == (3, 13)
+    model = load_python_model(monkeypatch, repo / "ctr_model" / "1" / "model.py")
+    out_of_range = np.full((1, 26), 10**9, dtype=np.int64)
+    ranked = model.execute([FakeRequest({"dense": np.zeros((1, 13), np.float32), "sparse": out_of_range})])
+    assert "C1" in ranked[0].error.message()
+
+
+def test_checkpoint_from_other_data_is_refused(exported, tmp_path, tmp_path_factory):
+    import shutil
+
+    from ctrflow.data.schema import Schema
+
+    other = tmp_path / "other"
+    shutil.copytree(exported["data"], other)
+    schema = Schema.load(other)
+    cards = dict(schema.cardinalities, C3=schema.cardinalities["C3"] + 5)
+    Schema(cardinalities=cards, freq_threshold=schema.freq_threshold, rows=schema.rows,
+           vocab_hash="0" * 64).save(other / "schema.json")
+    with pytest.raises(UserError, match="C3 cardinality"):
+        export(checkpoint(tmp_path_factory), other, tmp_path / "repo", "ctr")
+
+
+def test_failed_validation_leaves_repository_untouched(exported, tmp_path, tmp_path_factory, monkeypatch):
+    import ctrflow.export.validate as validate
+
+    monkeypatch.setattr(validate, "TOLERANCE", -1.0)  # no export can pass: stands for a broken exporter
+    repo = tmp_path / "repo"
+    with pytest.raises(UserError, match="differs from the trained one"):
+        export(checkpoint(tmp_path_factory), exported["data"], repo, "ctr", backend="python", validation_rows=10)
+    assert not repo.exists()
+    assert list(tmp_path.iterdir()) == []  # no staging directory left behind
+
+
+def test_broken_config_is_reported_with_its_path(exported, tmp_path):
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(exported["root"] / "repo-python", repo)
+    (repo / "ctr_model" / "config.pbtxt").write_text('name: "ctr_model"\nmax_batch_size: "many"\n')
+    with pytest.raises(UserError, match=r"ctr_model/config.pbtxt: not a valid Triton model config"):
+        check_repository(repo, "ctr")
+    shutil.rmtree(repo / "ctr_preprocess" / "1" / "vocab")
+    (repo / "ctr_model" / "config.pbtxt").write_text(
+        (exported["root"] / "repo-python" / "ctr_model" / "config.pbtxt").read_text())
+    with pytest.raises(UserError, match=r"missing .*ctr_preprocess/1/vocab"):
+        check_repository(repo, "ctr")

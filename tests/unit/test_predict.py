@@ -1,0 +1,67 @@
+"""`ctrflow predict`: raw rows -> probabilities equal to scoring the preprocessed rows (no skew)."""
+
+from __future__ import annotations
+
+import gzip
+
+import numpy as np
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+import pytest
+from serving_fixtures import checkpoint, processed_data
+
+from ctrflow.cli import main
+from ctrflow.data.loader import ParquetDataset
+from ctrflow.errors import UserError
+from ctrflow.predict import predict, score
+from ctrflow.train.checkpoint import load_model
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    raw, data = processed_data(tmp_path_factory)
+    ckpt = checkpoint(tmp_path_factory)
+    valid = ParquetDataset(data, "valid")
+    expected = score(load_model(ckpt)[0], valid.dense, valid.sparse)
+    return {"raw": raw, "data": data, "checkpoint": ckpt, "valid": valid, "expected": expected}
+
+
+def test_predict_csv_matches_preprocessed_scores_in_order(artifacts, tmp_path, capsys):
+    out = tmp_path / "scores.csv"
+    assert main(["predict", "--checkpoint", str(artifacts["checkpoint"]), "--data", str(artifacts["data"]),
+                 "--input", str(artifacts["raw"] / "day_1.tsv"), "--out", str(out)]) == 0
+    table = pcsv.read_csv(out)
+    assert table.column_names == ["probability", "label"]
+    assert np.abs(table.column("probability").to_numpy() - artifacts["expected"]).max() <= 1e-6
+    assert (table.column("label").to_numpy() == artifacts["valid"].labels).all()
+    assert '"rows": 600' in capsys.readouterr().out
+
+
+def test_predict_reads_gzip_kaggle_test_layout(artifacts, tmp_path):
+    lines = (artifacts["raw"] / "day_1.tsv").read_bytes().rstrip(b"\n").split(b"\n")
+    test_layout = tmp_path / "test.txt.gz"
+    test_layout.write_bytes(gzip.compress(b"".join(line.split(b"\t", 1)[1] + b"\n" for line in lines[:100])))
+    train_layout = tmp_path / "more.tsv"
+    train_layout.write_bytes(b"\n".join(lines[100:]) + b"\n")
+    summary = predict(artifacts["checkpoint"], artifacts["data"], [test_layout, train_layout], tmp_path / "s.parquet")
+    table = pq.read_table(tmp_path / "s.parquet")
+    assert summary["rows"] == table.num_rows == 600
+    assert np.array_equal(table.column("probability").to_numpy(), artifacts["expected"])
+    assert table.column("label").null_count == 100  # the test-layout rows have no label
+
+
+def test_predict_bad_row_names_file_and_line(artifacts, tmp_path):
+    lines = (artifacts["raw"] / "day_1.tsv").read_bytes().split(b"\n")[:5]
+    fields = lines[3].split(b"\t")
+    fields[4] = b"3.5"  # I4: not an integer
+    lines[3] = b"\t".join(fields)
+    bad = tmp_path / "bad.tsv"
+    bad.write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(UserError, match=r"bad.tsv: line 4: I4"):
+        predict(artifacts["checkpoint"], artifacts["data"], [bad], tmp_path / "s.csv")
+    short = tmp_path / "short.tsv"
+    short.write_bytes(b"1\t2\t3\n")
+    with pytest.raises(UserError, match=r"short.tsv: line 1: expected 40 .* or 39"):
+        predict(artifacts["checkpoint"], artifacts["data"], [short], tmp_path / "s.csv")
+    with pytest.raises(UserError, match=r"\.csv or \.parquet"):
+        predict(artifacts["checkpoint"], artifacts["data"], [bad], tmp_path / "s.json")

@@ -1,0 +1,104 @@
+"""The sharding planner, plan files and id checks (single process)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ctrflow.embedding.plan import ShardingPlan, plan_sharding, read_plan_overrides
+from ctrflow.embedding.tables import TableConfig, check_ids, tables_for
+from ctrflow.errors import UserError
+
+# MLPerf Criteo-1TB DLRM table sizes (40M-capped), as in issue 4
+MLPERF_ROWS = [39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10, 2208,
+               11938, 155, 4, 976, 14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36]
+MLPERF = tables_for(MLPERF_ROWS, [f"C{i + 1}" for i in range(26)], 128)
+
+
+def test_auto_plan_balances_mlperf_tables_over_four_ranks():
+    plan = plan_sharding(MLPERF, 4)
+    per_rank = plan.bytes_per_rank(MLPERF)
+    assert max(per_rank) < 1.1 * sum(per_rank) / 4 + 0.5 * 2**30  # within ~10 % of an even split
+    kinds = {t.num_embeddings: plan.tables[t.name].sharding for t in MLPERF}
+    assert kinds[39884406] == "row" and kinds[3] == "data" and kinds[403346] == "table"
+    replicated = sum(t.bytes for t in MLPERF if kinds[t.num_embeddings] == "data")
+    assert sum(per_rank) == sum(t.bytes for t in MLPERF) + 3 * replicated
+
+
+def test_every_shard_of_every_type_covers_its_table_once():
+    tables = [TableConfig("t_x", 10, 6, "C1"), TableConfig("t_y", 3, 6, "C2")]
+    for kind in ("table", "row", "column", "data"):
+        plan = plan_sharding(tables, 4, kind)
+        for t in tables:
+            cells = torch.zeros(t.num_embeddings, t.embedding_dim)
+            for s in plan.tables[t.name].shards:
+                cells[s.rows[0]:s.rows[1], s.cols[0]:s.cols[1]] += 1
+            assert (cells == (4 if kind == "data" else 1)).all(), (kind, t.name)
+
+
+def test_one_rank_keeps_every_table_whole():
+    plan = plan_sharding(MLPERF[:5], 1)
+    assert all(tp.sharding == "table" and tp.shards[0].rank == 0 for tp in plan.tables.values())
+
+
+def test_plan_file_round_trip_and_per_table_override(tmp_path):
+    tables = MLPERF[:6]
+    plan = plan_sharding(tables, 2)
+    plan.save(tmp_path / "plan.json")
+    again = plan_sharding(tables, 2, overrides=read_plan_overrides(tmp_path / "plan.json"))
+    assert again == plan
+    partial = {"tables": {"t_C2": "column", "t_C3": {"sharding": "table", "rank": 1}}}
+    (tmp_path / "partial.json").write_text(json.dumps(partial))
+    mixed = plan_sharding(tables, 2, overrides=read_plan_overrides(tmp_path / "partial.json"))
+    assert mixed.tables["t_C2"].sharding == "column"
+    assert [s.rank for s in mixed.tables["t_C3"].shards] == [1]
+    assert ShardingPlan.from_json(json.loads(json.dumps(mixed.to_json()))) == mixed
+
+
+def test_bad_plan_files_are_refused_with_the_table_named(tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"tables": {"t_nope": "row"}}))
+    with pytest.raises(UserError, match="t_nope"):
+        plan_sharding(MLPERF[:3], 2, overrides=read_plan_overrides(path))
+    path.write_text(json.dumps({"tables": {"t_C1": "diagonal"}}))
+    with pytest.raises(UserError, match="t_C1"):
+        read_plan_overrides(path)
+    path.write_text(json.dumps({"tables": {"t_C1": {"sharding": "table", "rank": 5}}}))
+    with pytest.raises(UserError, match="rank 5"):
+        plan_sharding(MLPERF[:3], 2, overrides=read_plan_overrides(path))
+
+
+def test_plan_that_cannot_fit_names_the_rank_and_sizes():
+    with pytest.raises(UserError, match="does not fit: rank"):
+        plan_sharding(MLPERF, 2, memory_budget=20 * 2**30)
+    plan_sharding(MLPERF, 2, memory_budget=48 * 2**30)  # fits row-wise
+
+
+def test_auto_splits_by_rows_a_table_no_single_rank_can_hold():
+    tables = [TableConfig(f"t_{i}", 25, 1, f"C{i}") for i in range(20)]  # 100 bytes each
+    plan = plan_sharding(tables, 2, memory_budget=[1460, 560], replicate_bytes=0)
+    kinds = [tp.sharding for tp in plan.tables.values()]
+    assert kinds.count("table") == 19 and kinds.count("row") == 1  # 14 + 5 whole, the last one split
+    assert plan.bytes_per_rank(tables) == [1452, 548]  # 13 + 12 rows of the split one
+
+
+def test_global_column_sharding_keeps_narrow_tables_whole():
+    tables = [TableConfig("t_wide", 9, 8, "C1"), TableConfig("t_one", 9, 1, "C1")]
+    plan = plan_sharding(tables, 2, "column")
+    assert plan.tables["t_wide"].sharding == "column" and plan.tables["t_one"].sharding == "table"
+
+
+def test_describe_lists_every_table_and_memory_per_rank():
+    text = plan_sharding(MLPERF, 2).describe(MLPERF)
+    assert all(t.name in text for t in MLPERF) and "memory per rank" in text
+
+
+def test_out_of_range_id_names_the_feature():
+    tables = [TableConfig("t_C1", 5, 2, "C1"), TableConfig("t_C2", 3, 2, "C2")]
+    check_ids(torch.tensor([[4, 2], [0, 0]]), tables)
+    with pytest.raises(UserError, match="feature C2: id 3 in batch row 1"):
+        check_ids(torch.tensor([[4, 2], [0, 3]]), tables)
+    with pytest.raises(UserError, match="feature C1: id -1"):
+        check_ids(torch.tensor([[-1, 0]]), tables)

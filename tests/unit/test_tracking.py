@@ -1,0 +1,104 @@
+"""MLflow tracking against a real SQLite store in a temp dir: nesting, artifacts, registry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ctrflow.tracking import NullTracker, finish_pipeline_run, make_tracker, start_pipeline_run
+
+mlflow = pytest.importorskip("mlflow")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    """One SQLite store for the module: creating its tables takes seconds, so tests share it."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
+
+
+def test_child_run_nests_under_parent_with_params_metrics_artifacts(store, tmp_path):
+    parent_id = start_pipeline_run(store, "exp", "pipeline", "kfp-123", {"model": "dlrm", "epochs": 1})
+    (tmp_path / "repo" / "m" / "1").mkdir(parents=True)
+    (tmp_path / "repo" / "m" / "1" / "model.onnx").write_bytes(b"onnx")
+    (tmp_path / "repo" / "m" / "config.pbtxt").write_text('name: "m"')
+    (tmp_path / "schema.json").write_text("{}")
+    with make_tracker(store, "exp", "train", parent_run_id=parent_id, tags={"ctrflow.step": "train"}) as t:
+        t.log_params({"lr": 0.01, "skipped": None})
+        t.log_metrics({"loss": 0.5}, step=1)
+        t.log_metrics({"loss": 0.4, "auc": 0.75}, step=2)
+        t.log_artifact(tmp_path / "schema.json")
+        t.log_artifact(tmp_path / "repo", "triton")
+        child_id = t.run_id
+
+    client = mlflow.MlflowClient(store)
+    child = client.get_run(child_id)
+    assert child.data.tags["mlflow.parentRunId"] == parent_id
+    assert child.info.status == "FINISHED"
+    assert child.data.params == {"lr": "0.01"}
+    assert [m.value for m in client.get_metric_history(child_id, "loss")] == [0.5, 0.4]
+    listed = {a.path for a in client.list_artifacts(child_id)}
+    assert listed == {"schema.json", "triton"}
+    assert [a.path for a in client.list_artifacts(child_id, "triton/m/1")] == ["triton/m/1/model.onnx"]
+    # a SQLite store keeps artifacts beside the database, not in the working directory
+    assert child.info.artifact_uri.startswith((Path(store[len("sqlite:///"):]).parent / "mlruns").as_uri())
+    parent = client.get_run(parent_id)
+    assert parent.data.tags["kfp.run_id"] == "kfp-123"
+    assert parent.data.params == {"model": "dlrm", "epochs": "1"}
+    assert parent.info.status == "RUNNING"
+
+
+def test_finish_pipeline_run_closes_parent_with_step_metrics(store):
+    parent_id = start_pipeline_run(store, "exp2", "pipeline", "kfp-9", {})
+    with make_tracker(store, "exp2", "evaluate", parent_run_id=parent_id,
+                      tags={"ctrflow.step": "evaluate", "kfp.run_id": "kfp-9"}) as t:
+        t.log_metrics({"auc": 0.77, "logloss": 0.45})
+
+    assert finish_pipeline_run(store, "exp2", "kfp-9", "FAILED") == parent_id
+    parent = mlflow.MlflowClient(store).get_run(parent_id)
+    assert parent.info.status == "FAILED"
+    assert parent.data.metrics == {"evaluate.auc": 0.77, "evaluate.logloss": 0.45}
+    assert finish_pipeline_run(store, "exp2", "no-such-run", "FINISHED") is None
+
+
+def test_register_model_versions_and_candidate_alias(store, tmp_path):
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "config.pbtxt").write_text('name: "ctr"')
+    versions = []
+    for _ in range(2):
+        with make_tracker(store, "exp", "export") as t:
+            t.log_artifact(tmp_path / "repo", "triton")
+            versions.append(t.register_model("ctr", "triton", description="test", backend="onnxruntime"))
+    assert versions == ["1", "2"]
+    client = mlflow.MlflowClient(store, registry_uri=store)
+    assert str(client.get_model_version_by_alias("ctr", "candidate").version) == "2"
+    first = client.get_model_version("ctr", "1")
+    assert first.source.endswith("/artifacts/triton") and first.tags == {"backend": "onnxruntime"}
+
+
+def test_exception_in_block_marks_run_failed(store):
+    with pytest.raises(RuntimeError):
+        with make_tracker(store, "exp", "train") as t:
+            raise RuntimeError("diverged")
+    assert mlflow.MlflowClient(store).get_run(t.run_id).info.status == "FAILED"
+
+
+def test_tracking_uri_none_tracks_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert isinstance(make_tracker("none"), NullTracker)
+    assert start_pipeline_run("none", "exp", "pipeline", "kfp-1", {"a": 1}) == ""
+    assert finish_pipeline_run("none", "exp", "kfp-1", "FINISHED") is None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_tracking_argv_round_trips_through_step_flags():
+    import argparse
+
+    from ctrflow.tracking import add_tracking_flags, tracking_argv
+
+    parser = argparse.ArgumentParser()
+    add_tracking_flags(parser)
+    args = parser.parse_args(tracking_argv("http://mlflow:5000", "exp", "parent-1", {"kfp.run_id": "7", "x": ""}))
+    assert (args.tracking_uri, args.experiment, args.parent_run_id, args.tag) == \
+        ("http://mlflow:5000", "exp", "parent-1", ["kfp.run_id=7"])
+    assert parser.parse_args(tracking_argv()).tracking_uri is None  # "" leaves the step's default
