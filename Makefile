@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-unit browser
+.PHONY: setup demo test test-unit browser serving
 
 setup: $(VENV)/.installed
 
@@ -19,7 +19,11 @@ demo: setup
 browser:
 	@command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
 
-test: setup browser
+# A second venv with a real tritonserver (nvidia-pytriton, python backend) for the serving tests.
+serving: setup
+	bash scripts/setup_triton.sh .venv-triton
+
+test: setup browser serving
 	$(BIN)/python -m pytest -q
 
 test-unit: setup

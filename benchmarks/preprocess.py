@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--workers", type=int, default=None, help="preprocess workers (default: all cores)")
+    parser.add_argument("--chunk-rows", type=int, default=None, help="preprocess --chunk-rows (default: its own)")
     parser.add_argument("--repeats", type=int, default=2, help="best of this many timings of each")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", default=None, help="keep the input and outputs here")
@@ -153,12 +154,14 @@ def main(argv: list[str] | None = None) -> None:
     if not raw.exists():
         generator = write_rows(raw, args.rows, args.seed)
     out = work / "out"
-    runs = [measure(lambda: preprocess([str(raw)], out=out, workers=args.workers, progress=False))
-            for _ in range(args.repeats)]
+    runs = []
+    for _ in range(args.repeats):
+        wall, cpu, peak = measure(lambda: preprocess([str(raw)], out=out, workers=args.workers, progress=False,
+                                                     **({"chunk_rows": args.chunk_rows} if args.chunk_rows else {})))
+        runs.append((wall, cpu, peak, json.loads((out / "stats.json").read_text())))
     peak = max(r[2] for r in runs)
-    seconds, cpu, _ = min(runs)
+    seconds, cpu, _, stats = min(runs, key=lambda r: r[0])
     parse = min(measure(lambda: time_pyarrow_parse(raw)) for _ in range(args.repeats))
-    stats = json.loads((out / "stats.json").read_text())
     result = {
         "benchmark": "preprocess", "rows": args.rows, "input_bytes": raw.stat().st_size, "generator": generator,
         "pyarrow_parse_rows_per_s": round(args.rows / parse[0]), "preprocess_rows_per_s": round(args.rows / seconds),
@@ -167,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
         "preprocess_cpu_seconds": round(cpu, 3), "pyarrow_parse_cpu_seconds": round(parse[1], 3),
         "passes": stats["passes"], "peak_pss_mb": round(peak / 2 ** 20, 1),
         "distinct_values": sum(c.get("distinct_train", 0) for c in stats["columns"].values()),
-        "workers": stats["workers"], "cpus": os.cpu_count(), "machine": platform.node(),
+        "workers": stats["workers"], "chunk_rows": stats["chunk_rows"], "cpus": os.cpu_count(), "machine": platform.node(),
         "load_average_1m": round(os.getloadavg()[0], 2),
     }
     if args.hugectr_script:

@@ -12,6 +12,7 @@ Needs the serving venv (`scripts/setup_triton.sh`) and /work/venv-style ctrflow 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -22,11 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "tests" / "integration"))  # the server launcher the tests use
-from tritonserver import TritonServer, find_serving_venv  # noqa: E402
-
-from ctrflow.data.schema import DENSE, SPARSE  # noqa: E402
+from ctrflow.data.schema import DENSE, SPARSE
+from ctrflow.serve.tritonserver import TritonServer, find_serving_venv
 
 FIELDS = (*DENSE, *SPARSE)
 
@@ -46,7 +44,9 @@ def build_repository(workdir: Path, rows: int) -> tuple[Path, Path]:
          "--out", str(workdir / "repo"), "--name", "ctr", "--backend", "python"],
     ]
     for argv in steps:
-        if main(argv) != 0:
+        with contextlib.redirect_stdout(sys.stderr):  # stdout carries the one result line only
+            code = main(argv)
+        if code != 0:
             raise SystemExit(f"ctrflow {argv[0]} failed")
     return workdir / "repo", workdir / "raw" / "day_1.tsv"
 

@@ -100,18 +100,8 @@ def build_path(kind: str, args, sizes: list[int], device: torch.device, optim: t
             make_fast(model, args, sizes, device, optim, compile_dense=kind == "fused-compile")
             tables = []
         model.to(device)
-    table_ids = {id(p) for p in tables}
-    dense = [p for p in model.parameters() if id(p) not in table_ids]
     graphs = device.type == "cuda" and kind in ("fused", "fused-compile")
-    dense_opt, dense_lr, table_opt, table_lr = optim
-    if dense_opt == "sgd":
-        opts = [torch.optim.SGD(dense, lr=dense_lr)]
-    else:
-        opts = [torch.optim.Adam(dense, lr=dense_lr, capturable=graphs)]
-    if kind == "naive":  # the naive baseline is SGD: optimizer state for 96 GB of tables would not fit
-        opts.append(torch.optim.SGD(tables, lr=table_lr))
-    elif tables:
-        opts.append(TABLE_OPTIMIZERS[table_opt](tables, lr=table_lr))
+    opts = make_optimizers(model, tables, optim, naive=kind == "naive", capturable=graphs)
     autocast = kind != "plain" and device.type == "cuda"
 
     def step(dense_x, ids, labels):
@@ -128,15 +118,34 @@ def build_path(kind: str, args, sizes: list[int], device: torch.device, optim: t
     return model, (capture_step(step, device) if graphs else step)
 
 
+def make_optimizers(model: nn.Module, tables: list, optim: tuple, naive: bool, capturable: bool) -> list:
+    """Dense optimizer over every parameter but `tables`, and the table optimizer over `tables`
+    (none for the fused path, which updates its tables in backward)."""
+    table_ids = {id(p) for p in tables}
+    dense = [p for p in model.parameters() if id(p) not in table_ids]
+    dense_opt, dense_lr, table_opt, table_lr = optim
+    if dense_opt == "sgd":
+        opts = [torch.optim.SGD(dense, lr=dense_lr)]
+    else:
+        opts = [torch.optim.Adam(dense, lr=dense_lr, capturable=capturable)]
+    if naive:  # the naive baseline is SGD: optimizer state for 96 GB of tables would not fit
+        opts.append(torch.optim.SGD(tables, lr=table_lr))
+    elif tables:
+        opts.append(TABLE_OPTIMIZERS[table_opt](tables, lr=table_lr))
+    return opts
+
+
 def make_fast(model: nn.Module, args, sizes: list[int], device: torch.device, optim: tuple,
               compile_dense: bool) -> None:
     """The fast path's swaps, each computing the same function: fused tables, fused dot interaction,
     tensor-core-aligned Linear inputs, and optionally torch.compile'd dense parts."""
+    out_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # halves lookup + grad bytes
     replace_module(model, "embeddings", FusedEmbeddingCollection(
-        tables_for(sizes, list(SPARSE), args.dim), seed=0, optimizer=optim[2], lr=optim[3], device=device, output_dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
-        storage_dtype=getattr(torch, args.storage), check_ids=False, pre_reduce=not args.no_pre_reduce))
+        tables_for(sizes, list(SPARSE), args.dim), seed=0, optimizer=optim[2], lr=optim[3], device=device,
+        output_dtype=out_dtype, storage_dtype=getattr(torch, args.storage), check_ids=False,
+        pre_reduce=not args.no_pre_reduce))
     if isinstance(model.interaction, DotInteraction):
-        replace_module(model, "interaction", FusedDotInteraction(len(SPARSE) + 1))
+        replace_module(model, "interaction", FusedDotInteraction.from_plain(model.interaction))
     if not args.no_align:
         align_linear_inputs(model)
     if compile_dense:
@@ -225,8 +234,9 @@ def compare_quality(args, device: torch.device) -> dict:
     for kind in ("plain", "fused-eager"):  # eager: the graph's warm-up steps would add updates
         model, step = build_path(kind, args, sizes, device, QUALITY_OPTIM[args.model])
         if kind != "plain":  # the same starting tables as the plain path
-            plain_tables = build_model(args.model, sizes, args.dim, **(SMALL_ARCH if args.small else ARCH)[args.model])
-            model.embeddings.weight.copy_(torch.cat(list(plain_tables.embeddings.full_weights().values())))
+            arch = (SMALL_ARCH if args.small else ARCH)[args.model]
+            plain_tables = build_model(args.model, sizes, args.dim, **arch).embeddings.full_weights()
+            model.embeddings.weight.copy_(torch.cat(list(plain_tables.values())))
             del plain_tables
         for batch in train:
             step(*batch)
@@ -234,7 +244,8 @@ def compare_quality(args, device: torch.device) -> dict:
         fast = kind != "plain" and device.type == "cuda"
         with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=fast):
             scores = torch.cat([model(d, i).float() for d, i, _ in held])
-        result["auc_fused" if fast or kind != "plain" else "auc_plain"] = auc(scores, torch.cat([lab for _, _, lab in held]))
+        name = "auc_plain" if kind == "plain" else "auc_fused"
+        result[name] = auc(scores, torch.cat([lab for _, _, lab in held]))
         del model, step
         release(device)
     result["auc_diff"] = abs(result["auc_fused"] - result["auc_plain"])
@@ -256,7 +267,8 @@ def parse(argv=None):
     p.add_argument("--batch-size", type=int, default=65536)
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--storage", choices=["float32", "bfloat16", "float16"], default="float32")
-    p.add_argument("--paths", default="naive,fused,fused-compile", help="comma list of naive, fused, fused-eager, fused-compile")
+    p.add_argument("--paths", default=None, help="comma list of naive, fused, fused-eager, fused-compile "
+                   "(default: naive,fused,fused-compile; with --small naive,fused)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--repeats", type=int, default=5)
@@ -269,6 +281,7 @@ def parse(argv=None):
     p.add_argument("--small", action="store_true", help="tiny tables, dim 16, batch 512: seconds on a CPU")
     args = p.parse_args(argv)
     args.sizes = MLPERF_TABLES
+    args.paths = args.paths or ("naive,fused" if args.small else "naive,fused,fused-compile")
     if args.small:
         args.sizes = [min(n, 1000) for n in MLPERF_TABLES]
         args.dim, args.batch_size, args.steps, args.repeats = 16, 512, 3, 3

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +66,9 @@ def run(args: argparse.Namespace) -> int:
 
         try:
             run_dir = run_local(args.pipeline_root, arguments, log_file=args.log)
-        except RuntimeError as err:  # the task's own log is printed above
-            raise UserError(str(err).splitlines()[0]) from None
+        except RuntimeError as err:  # the failed task's own log says why
+            where = f" (task logs: {args.log})" if args.log else ""
+            raise UserError(re.sub(r"\x1b\[[0-9;]*m", "", str(err).splitlines()[0]) + where) from None
         print(json.dumps(summarize_local_run(Path(run_dir)), indent=2))
         return 0
     if args.vertex_project:

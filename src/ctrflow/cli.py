@@ -21,6 +21,7 @@ COMMANDS = {
     "export": "write a Triton model repository",
     "predict": "score raw rows with a checkpoint",
     "promote": "move the registry's champion alias to the candidate (AUC gate)",
+    "serve": "serve an exported repository with a real tritonserver on 127.0.0.1",
     "pipeline": "compile, run locally or submit the KFP pipeline",
     "demo": "synthetic data -> whole pipeline locally -> MLflow run",
 }

@@ -87,6 +87,8 @@ class TrainConfig:
     sharding: str = "auto"  # with N processes: auto | table | row | column | data for every table
     plan: str | None = None  # JSON sharding plan file: per-table choices over `sharding`
     deterministic: bool = False
+    embedding: str = "auto"  # auto (fused for one CUDA process) | fused | plain
+    precision: str = "auto"  # dense part: auto (bf16 autocast on CUDA, fp32 elsewhere) | fp32 | bf16
     progress: bool = True  # tqdm bar when stderr is a terminal
 
     def to_dict(self) -> dict[str, Any]:

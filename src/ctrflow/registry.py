@@ -9,6 +9,7 @@ champion's.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -32,6 +33,7 @@ CHECKPOINT = "checkpoint"  # names of the pyfunc's artifacts
 VOCABULARY = "vocabulary"
 TRITON = "triton"
 RAW_FIELDS = (*DENSE, *SPARSE)
+PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 
 
 class RawRowsModel(mlflow.pyfunc.PythonModel):
@@ -90,16 +92,15 @@ def save_pyfunc(checkpoint: str | os.PathLike, data: str | os.PathLike, out: str
     Artifacts: the checkpoint's weights (no optimizer state), `data`'s schema and vocabularies,
     and the Triton repository when given. Refuses a checkpoint trained on other vocabularies.
     """
-    from ctrflow.export.python_backend import write_serving_checkpoint, write_vocabularies
     from ctrflow.predict import load_for_data
+    from ctrflow.serve.preprocess import copy_vocabularies
+    from ctrflow.serve.ranking import save_ranking_model
 
     out = Path(out)
     model, schema, meta = load_for_data(checkpoint, data)
-    with tempfile.TemporaryDirectory(prefix="ctrflow-pyfunc-") as tmp:
-        artifacts = {CHECKPOINT: write_serving_checkpoint(model, schema, meta, Path(tmp) / CHECKPOINT)}
-        (Path(tmp) / VOCABULARY).mkdir()
-        write_vocabularies(data, Path(tmp) / VOCABULARY)
-        artifacts[VOCABULARY] = Path(tmp) / VOCABULARY
+    with tempfile.TemporaryDirectory(prefix="ctrflow-pyfunc-") as tmp, quiet_artifact_transfers():
+        artifacts = {CHECKPOINT: save_ranking_model(model, schema, meta, Path(tmp) / CHECKPOINT)}
+        artifacts[VOCABULARY] = copy_vocabularies(data, Path(tmp) / VOCABULARY)
         if repository is not None:  # MLflow names an artifact's folder after its path: stage it as triton/
             artifacts[TRITON] = shutil.copytree(repository, Path(tmp) / TRITON)
         mlflow.pyfunc.save_model(
@@ -111,6 +112,21 @@ def save_pyfunc(checkpoint: str | os.PathLike, data: str | os.PathLike, out: str
                               f"pandas=={pd.__version__}", f"pyarrow=={_version('pyarrow')}"],
             metadata={"ctrflow.model": meta.get("model", {}).get("name"), "ctrflow.step": meta.get("step")})
     return out
+
+
+@contextlib.contextmanager
+def quiet_artifact_transfers():
+    """No "Downloading artifacts" progress bars (MLflow draws one per artifact it copies, on
+    stderr) inside the block; the caller's setting is restored after it."""
+    before = os.environ.get(PROGRESS_BAR)
+    os.environ[PROGRESS_BAR] = "false"  # MLflow reads it at each transfer
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(PROGRESS_BAR, None)
+        else:
+            os.environ[PROGRESS_BAR] = before
 
 
 def _version(package: str) -> str:
@@ -132,7 +148,7 @@ def log_pyfunc(tracker_or_client, checkpoint: str | os.PathLike, data: str | os.
         if isinstance(tracker_or_client, MlflowClient):
             raise ValueError("log_pyfunc with an MlflowClient needs run_id")
         return None  # NullTracker: tracking is off
-    with tempfile.TemporaryDirectory(prefix="ctrflow-pyfunc-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="ctrflow-pyfunc-") as tmp, quiet_artifact_transfers():
         model_dir = save_pyfunc(checkpoint, data, Path(tmp) / "model", repository)
         if isinstance(tracker_or_client, MlflowClient):
             tracker_or_client.log_artifacts(run_id, str(model_dir), artifact_path)
@@ -198,7 +214,7 @@ def recomputed_auc(client: MlflowClient, tracking_uri: str, name: str, version,
     from ctrflow.train.checkpoint import check_schema
 
     source = client.get_model_version_download_uri(name, version.version).rstrip("/")
-    with tempfile.TemporaryDirectory(prefix="ctrflow-promote-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="ctrflow-promote-") as tmp, quiet_artifact_transfers():
         try:
             local = download_artifacts(artifact_uri=f"{source}/artifacts/{CHECKPOINT}", dst_path=tmp,
                                        tracking_uri=tracking_uri)

@@ -21,18 +21,21 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
 @pytest.mark.parametrize("features,dim", [(27, 128), (9, 64)])
 def test_dot_interaction_matches_plain(dtype, tol, features, dim):
-    x = torch.randn(1003, features, dim, device=CUDA, dtype=torch.float64)  # reference in float64
-    plain, fused = DotInteraction(features).to(CUDA), FusedDotInteraction(features).to(CUDA)
-    xf = x.to(dtype).requires_grad_()
-    xr = x.to(dtype).double().requires_grad_()
-    out, ref = fused(xf), plain(xr)
+    dense = torch.randn(1003, dim, device=CUDA, dtype=torch.float64)  # reference in float64
+    emb = torch.randn(1003, features - 1, dim, device=CUDA, dtype=torch.float64)
+    plain, fused = DotInteraction(features, dim).to(CUDA), FusedDotInteraction(features, dim).to(CUDA)
+    df, ef = dense.to(dtype).requires_grad_(), emb.to(dtype).requires_grad_()
+    dr, er = dense.to(dtype).double().requires_grad_(), emb.to(dtype).double().requires_grad_()
+    out, ref = fused(df, ef), plain(dr, er)
     assert out.shape == ref.shape and out.dtype == dtype
     assert rel_err(out, ref) < tol
-    # the pair gradient arrives as a strided slice of the next layer's input gradient
+    assert torch.all(out[:, dim + features * (features - 1) // 2:] == 0)
+    # the gradient arrives as a strided slice of a wider tensor
     grad = torch.randn(ref.shape[0], ref.shape[1] + 9, device=CUDA, dtype=dtype)[:, 3:ref.shape[1] + 3]
     out.backward(grad)
     ref.backward(grad.double())
-    assert rel_err(xf.grad, xr.grad) < tol
+    assert rel_err(df.grad, dr.grad) < tol
+    assert rel_err(ef.grad, er.grad) < tol
 
 
 def test_aligned_linears_compute_the_same_function_and_keep_pad_zero():

@@ -136,3 +136,20 @@ def test_export_registers_a_pyfunc_that_scores_raw_rows_like_ctrflow_predict(mlf
     local = mlflow.artifacts.download_artifacts(f"models:/{name}@candidate", dst_path=str(tmp_path / "dl"),
                                                 tracking_uri=mlflow_uri)
     assert (Path(local) / "artifacts" / "triton" / name / "config.pbtxt").exists()
+
+
+def test_export_given_metrics_tags_the_auc_so_promote_needs_no_data(mlflow_uri, trained, tmp_path, capfd):
+    from ctrflow.evaluate import evaluate
+
+    data, ckpt, name = trained / "data", trained / "ckpt40", MODEL + "-metrics"
+    expected = evaluate(data, ckpt, tmp_path / "eval")["auc"]
+    capfd.readouterr()
+    assert main(["export", "--checkpoint", str(ckpt), "--data", str(data), "--out", str(tmp_path / "repo"),
+                 "--name", name, "--backend", "pytorch", "--validation-rows", "500",
+                 "--metrics", str(tmp_path / "eval" / "metrics.json"), "--tracking-uri", mlflow_uri]) == 0
+    assert "Downloading artifacts" not in capfd.readouterr().err  # progress bars stay out of the step's log
+
+    candidate = mlflow.MlflowClient(mlflow_uri).get_model_version_by_alias(name, "candidate")
+    assert float(candidate.tags["auc"]) == expected and candidate.tags["backend"] == "pytorch"
+    assert main(["promote", "--model", name, "--tracking-uri", mlflow_uri]) == 0
+    assert champion(mlflow_uri, name) == candidate.version

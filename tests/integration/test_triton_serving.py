@@ -6,7 +6,11 @@ Needs the serving venv (`scripts/setup_triton.sh`, which `make test` runs); skip
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -16,7 +20,7 @@ import pytest
 
 from ctrflow.cli import main
 from ctrflow.data.schema import DENSE, SPARSE
-from tritonserver import TritonServer, find_serving_venv
+from ctrflow.serve.tritonserver import TritonServer, find_serving_venv
 
 pytestmark = pytest.mark.integration
 RAW_FIELDS = (*DENSE, *SPARSE)
@@ -89,11 +93,12 @@ def request_inputs(rows: list[list[str]], fields=RAW_FIELDS):
     return inputs
 
 
-def infer(server: TritonServer, rows: list[list[str]], fields=RAW_FIELDS) -> np.ndarray:
-    """probability [N] for `rows`, in requests of at most the model's max_batch_size rows."""
+def infer(url: str, rows: list[list[str]], fields=RAW_FIELDS) -> np.ndarray:
+    """probability [N] for `rows` from the server at `url` (host:port), in requests of at most
+    the model's max_batch_size rows."""
     import tritonclient.http as httpclient
 
-    client = httpclient.InferenceServerClient(server.url)
+    client = httpclient.InferenceServerClient(url)
     try:
         limit = int(client.get_model_config(NAME).get("max_batch_size") or len(rows)) or len(rows)
         parts = []
@@ -114,7 +119,7 @@ def test_served_probabilities_equal_ctrflow_predict(exported, server, tmp_path):
                  "--input", str(sample), "--out", str(tmp_path / "scores.csv")]) == 0
     offline = pd.read_csv(tmp_path / "scores.csv")["probability"].to_numpy()
 
-    served = infer(server, rows)
+    served = infer(server.url, rows)
 
     assert served.shape == offline.shape == (1000,)
     assert np.max(np.abs(served - offline)) <= 1e-5
@@ -127,14 +132,32 @@ def test_malformed_rows_get_an_error_naming_the_field_and_serving_goes_on(export
     bad_dense = [list(row) for row in rows]
     bad_dense[3][RAW_FIELDS.index("I5")] = "12x"
     with pytest.raises(InferenceServerException, match="I5"):
-        infer(server, bad_dense)
+        infer(server.url, bad_dense)
     without_c7 = tuple(name for name in RAW_FIELDS if name != "C7")
     with pytest.raises(InferenceServerException, match="C7"):
-        infer(server, rows, fields=without_c7)
+        infer(server.url, rows, fields=without_c7)
 
-    good = infer(server, rows)
+    good = infer(server.url, rows)
     assert good.shape == (8,) and np.all((good > 0) & (good < 1))
     assert server.is_alive()
+
+
+def test_ctrflow_serve_serves_the_repository_until_sigterm(exported, server, serving_venv):
+    from ctrflow.serve.tritonserver import free_port
+
+    command = [sys.executable, "-m", "ctrflow", "serve", "--repo", str(exported["repo"]), "--venv", str(serving_venv),
+               "--http-port", str(free_port()), "--grpc-port", str(free_port()), "--timeout", "120"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        started = json.loads(process.stdout.readline() or "{}")  # printed once every model is ready
+        assert sorted(started.get("models", [])) == [NAME, f"{NAME}_model", f"{NAME}_preprocess"], \
+            process.stderr.read() if process.poll() is not None else started
+        rows = raw_rows(exported["raw"], 16)
+        assert np.array_equal(infer(started["http"], rows), infer(server.url, rows))
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(60)
+    assert code == 0
 
 
 ECHO_MODEL = textwrap.dedent('''

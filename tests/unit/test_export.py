@@ -17,6 +17,7 @@ from ctrflow.export.validate import check_repository
 from ctrflow.predict import predict
 
 ROWS = slice(0, 50)  # first 50 lines of the validation day
+BACKENDS = ("onnxruntime", "pytorch", "python")
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def exported(tmp_path_factory):
     (root / "rows.tsv").write_bytes(b"\n".join(lines) + b"\n")
     predict(ckpt, data, [root / "rows.tsv"], root / "scores.parquet")
     summaries = {backend: export(ckpt, data, root / f"repo-{backend}", "ctr", backend=backend,
-                                 max_batch_size=64, validation_rows=300) for backend in ("onnxruntime", "python")}
+                                 max_batch_size=64, validation_rows=300) for backend in BACKENDS}
     import pyarrow.parquet as pq
 
     expected = pq.read_table(root / "scores.parquet").column("probability").to_numpy()
@@ -53,7 +54,24 @@ def test_repository_configs_parse_with_tritons_protobuf(exported):
     assert read_config(repo / "ctr" / "config.pbtxt") == ensemble
 
 
-@pytest.mark.parametrize("backend", ["onnxruntime", "python"])
+def test_pytorch_backend_binds_torchscript_arguments_by_index(exported):
+    repo = exported["root"] / "repo-pytorch"
+    configs = check_repository(repo, "ctr")
+    rank, step = configs["ctr_model"], configs["ctr"].ensemble_scheduling.step[1]
+    assert rank.platform == "pytorch_libtorch" and rank.backend == "pytorch"
+    assert rank.default_model_filename == "model.pt" and (repo / "ctr_model" / "1" / "model.pt").exists()
+    assert [(i.name, i.data_type) for i in rank.input] == [("dense__0", pb.TYPE_FP32), ("sparse__1", pb.TYPE_INT64)]
+    assert [o.name for o in rank.output] == ["probability__0"]
+    assert dict(step.input_map) == {"dense__0": "dense", "sparse__1": "sparse"}
+    assert dict(step.output_map) == {"probability__0": "probability"}
+    from ctrflow.export.torchscript import load_torchscript
+
+    graph = str(load_torchscript(repo / "ctr_model" / "1" / "model.pt").inlined_graph)
+    assert "cpu" not in graph and "cuda" not in graph  # no device baked in: Triton may place it on a GPU
+    assert "torch" not in (repo / "requirements.txt").read_text()  # libtorch serves it: no python deps
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_validation_matches_trained_model(exported, backend):
     report = json.loads((exported["root"] / f"repo-{backend}" / "validation.json").read_text())
     assert report["rows"] == 300
@@ -61,10 +79,28 @@ def test_validation_matches_trained_model(exported, backend):
     assert exported["summaries"][backend]["max_abs_diff"] == report["max_abs_diff"]
 
 
+def _torchscript(repo, features):
+    """What the libtorch backend does: the ensemble's tensors -> forward's arguments by the
+    `__<index>` of the config's names."""
+    import torch
+
+    from ctrflow.export.torchscript import load_torchscript
+
+    configs = check_repository(repo, "ctr")
+    order = sorted(configs["ctr_model"].input, key=lambda i: int(i.name.rsplit("__", 1)[1]))
+    step = configs["ctr"].ensemble_scheduling.step[1]
+    module = load_torchscript(repo / "ctr_model" / "1" / "model.pt")
+    with torch.inference_mode():
+        return [module(*[torch.from_numpy(r.output(step.input_map[i.name])) for i in order]).numpy()
+                for r in features]
+
+
 def _chain(monkeypatch, repo, requests):
     """NAME_preprocess -> NAME_model as Triton's ensemble runs them, one response per request."""
     pre = load_python_model(monkeypatch, repo / "ctr_preprocess" / "1" / "model.py")
     features = pre.execute(requests)
+    if (repo / "ctr_model" / "1" / "model.pt").exists():
+        return _torchscript(repo, features)
     if (repo / "ctr_model" / "1" / "model.onnx").exists():
         import onnxruntime as ort
 
@@ -78,7 +114,7 @@ def _chain(monkeypatch, repo, requests):
     return [r.output("probability") for r in ranked]
 
 
-@pytest.mark.parametrize("backend", ["onnxruntime", "python"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_ensemble_chain_on_raw_rows_equals_predict(exported, monkeypatch, backend):
     from serving_fixtures import FakeRequest
 
@@ -148,3 +184,29 @@ def test_broken_config_is_reported_with_its_path(exported, tmp_path):
         (exported["root"] / "repo-python" / "ctr_model" / "config.pbtxt").read_text())
     with pytest.raises(UserError, match=r"missing .*ctr_preprocess/1/vocab"):
         check_repository(repo, "ctr")
+
+
+def test_metrics_auc_is_read_and_bad_metrics_are_refused(exported, tmp_path, tmp_path_factory):
+    from ctrflow.export import read_auc
+
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "metrics.json").write_text(json.dumps({"auc": 0.7125, "logloss": 0.5, "rows": 600}))
+    assert read_auc(tmp_path / "eval") == read_auc(tmp_path / "eval" / "metrics.json") == 0.7125
+    (tmp_path / "nan.json").write_text('{"auc": null, "rows": 0}')
+    with pytest.raises(UserError, match=r"nan.json: field auc"):
+        read_auc(tmp_path / "nan.json")
+    with pytest.raises(UserError, match=r"missing.json: not a readable metrics.json"):
+        export(checkpoint(tmp_path_factory), exported["data"], tmp_path / "repo", "ctr",
+               metrics=tmp_path / "missing.json")
+    assert not (tmp_path / "repo").exists()  # refused before anything was written
+
+
+def test_serve_refuses_backends_the_bundled_tritonserver_lacks(exported, capsys):
+    from ctrflow.cli import main
+    from ctrflow.commands.serve import check_servable
+
+    assert sorted(check_servable(exported["root"] / "repo-python")) == ["ctr", "ctr_model", "ctr_preprocess"]
+    for backend in ("onnxruntime", "pytorch"):
+        assert main(["serve", "--repo", str(exported["root"] / f"repo-{backend}")]) == 2
+        error = capsys.readouterr().err
+        assert f"ctr_model/config.pbtxt: backend {backend} is not in the bundled tritonserver" in error

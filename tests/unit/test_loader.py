@@ -87,3 +87,13 @@ def test_missing_split_or_column_is_a_user_error(tmp_path, data_dir):
     (tmp_path / "part-00000.parquet").rename(tmp_path / "x" / "part-00000.parquet")
     with pytest.raises(UserError, match="missing column.*I4"):
         ParquetDataset(tmp_path, "x")
+
+
+@pytest.mark.parametrize("shuffle,rank,world", [(True, 0, 1), (True, 1, 2), (False, 0, 1)])
+def test_device_resident_split_gives_the_same_batches(train_set, shuffle, rank, world):
+    kw = {"shuffle": shuffle, "drop_last": shuffle, "seed": 3, "rank": rank, "world_size": world, "prefetch": 0}
+    host = BatchLoader(train_set, 64, **kw)
+    resident = BatchLoader(train_set, 64, device="cpu", **kw)  # the GPU's code path, on the CPU
+    for a, b in zip(collect(host, epoch=1, start=2), collect(resident, epoch=1, start=2), strict=True):
+        for x, y in ((a.dense, b.dense), (a.sparse, b.sparse), (a.labels, b.labels)):
+            assert x.dtype == y.dtype and torch.equal(x, y)

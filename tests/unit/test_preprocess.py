@@ -6,6 +6,7 @@ import gzip
 import json
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -123,6 +124,12 @@ def test_gzip_input_matches_plain(tmp_path):
     preprocess([str(packed)], out=tmp_path / "b", workers=2, freq_threshold=2, chunk_rows=50)
     assert table(tmp_path / "b").equals(table(tmp_path / "a"))
     assert Schema.load(tmp_path / "b").vocab_hash == Schema.load(tmp_path / "a").vocab_hash
+    halves = [tmp_path / "h1.tsv.gz", tmp_path / "h2.tsv.gz"]  # as many gzip files as workers: a file per task
+    halves[0].write_bytes(gzip.compress("".join(f"{x}\n" for x in lines[:150]).encode()))
+    halves[1].write_bytes(gzip.compress("".join(f"{x}\n" for x in lines[150:]).encode()))
+    preprocess([str(h) for h in halves], out=tmp_path / "c", workers=2, freq_threshold=2, chunk_rows=50)
+    assert table(tmp_path / "c").equals(table(tmp_path / "a"))
+    assert Schema.load(tmp_path / "c").vocab_hash == Schema.load(tmp_path / "a").vocab_hash
 
 
 BAD_ROWS = [
@@ -143,12 +150,14 @@ def test_bad_row_stops_with_file_and_line(tmp_path, bad, message):
     assert not out.exists() and list(tmp_path.iterdir()) == [tmp_path / "in.tsv"]  # nothing left behind
 
 
-def test_truncated_gzip_names_the_line(tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_truncated_gzip_names_the_line(tmp_path, workers):
     data = gzip.compress("".join(line + "\n" for line in random_rows(200, seed=3)).encode())
     src = tmp_path / "cut.tsv.gz"
     src.write_bytes(data[: len(data) // 2])
+    (tmp_path / "ok.tsv.gz").write_bytes(data)
     with pytest.raises(UserError, match=r"cut\.tsv\.gz: (after )?line \d+: truncated gzip"):
-        preprocess([str(src)], out=tmp_path / "out", workers=1)
+        preprocess([str(tmp_path / "ok.tsv.gz"), str(src)], out=tmp_path / "out", workers=workers, chunk_rows=30)
     assert not (tmp_path / "out").exists()
 
 
@@ -165,6 +174,17 @@ def test_skip_mode_writes_rejected_rows_and_accounts_for_them(tmp_path):
     assert len(rejected) == 151 and rejected[0] == "file\tline\treason\traw"
     assert [r.split("\t")[1] for r in rejected[1:4]] == ["2", "3", "4"]
     assert rejected[1].split("\t")[2] == "label: label must be 0 or 1, got '3'"
+
+
+def test_skip_mode_counts_blocks_with_no_good_row(tmp_path):
+    lines = [row("1")] * 5 + ["garbage"] * 300 + [row("0"), "x\ty", row("1")]
+    src = write(tmp_path / "in.tsv", lines)
+    out = tmp_path / "out"
+    preprocess([src], out=out, on_bad_rows="skip", workers=2, chunk_rows=20, valid_fraction=0.5)
+    stats = json.loads((out / "stats.json").read_text())
+    assert (stats["rows_read"], stats["rows_written"], stats["rows_rejected"]) == (308, 7, 301)
+    rejected = (out / "rejected.tsv").read_text().splitlines()
+    assert [r.split("\t")[1] for r in rejected[1:3]] == ["6", "7"] and rejected[-1].split("\t")[1] == "307"
 
 
 def test_stats_record_missing_rates_and_passes(tmp_path):
@@ -234,3 +254,27 @@ def test_real_criteo_sample_matches_published_cardinalities(criteo_dir, tmp_path
     stats = json.loads((out / "stats.json").read_text())
     assert stats["rows_read"] == stats["rows_written"] == 10109
     assert stats["columns"]["C3"]["missing_rate"] == pytest.approx(0.0358, abs=1e-4)
+
+
+def test_tracker_gets_params_rows_cardinalities_and_artifacts(tmp_path):
+    from ctrflow.tracking import Tracker
+
+    class Recorder(Tracker):
+        def __init__(self):
+            self.params, self.metrics, self.artifacts = {}, {}, []
+
+        def log_params(self, params):
+            self.params.update(params)
+
+        def log_metrics(self, metrics, step=None):
+            self.metrics.update(metrics)
+
+        def log_artifact(self, path, artifact_path=None):
+            self.artifacts.append(Path(path).name)
+
+    tracker = Recorder()
+    src = write(tmp_path / "in.tsv", [row("0", {}, {"C1": "aaaaaaaa"})] * 3)
+    preprocess([src], out=tmp_path / "out", freq_threshold=2, workers=1, tracker=tracker)
+    assert tracker.params["freq_threshold"] == 2 and tracker.metrics["rows_train"] == 3
+    assert tracker.metrics["cardinality_C1"] == 3 and "fit_seconds" in tracker.metrics
+    assert sorted(tracker.artifacts) == ["schema.json", "stats.json"]

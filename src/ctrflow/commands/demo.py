@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from pathlib import Path
 
 from ctrflow.errors import UserError
+
+EXPERIMENT = "ctrflow-demo"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -37,19 +40,31 @@ def run(args: argparse.Namespace) -> int:
     uri = args.tracking_uri or f"sqlite:///{out / 'mlflow.db'}"
     arguments = {"synth_rows": args.rows, "synth_days": 2, "train_files": "day_0.tsv*",
                  "valid_files": "day_1.tsv*", "seed": args.seed, "model": args.model, "epochs": args.epochs,
-                 "mlflow_tracking_uri": uri, "mlflow_experiment": "ctrflow-demo"}
+                 "mlflow_tracking_uri": uri, "mlflow_experiment": EXPERIMENT}
     print(f"ctrflow demo: {args.rows:,} synthetic rows a day (day_0 train, day_1 valid), {args.model}, "
           f"{args.epochs} epoch(s); task logs in {out / 'pipeline.log'}", flush=True)
     started = time.perf_counter()
     try:
         run_dir = run_local(out / "pipeline", arguments, log_file=out / "pipeline.log")
     except RuntimeError as err:
-        raise UserError(f"{str(err).splitlines()[0]} (see {out / 'pipeline.log'})") from None
-    summary = {**summarize_local_run(run_dir), "tracking_uri": uri, "experiment": "ctrflow-demo",
+        message = re.sub(r"\x1b\[[0-9;]*m", "", str(err).splitlines()[0])  # no terminal colours
+        raise UserError(f"{message} (task logs: {out / 'pipeline.log'})") from None
+    summary = {**summarize_local_run(run_dir), "tracking_uri": uri, "experiment": EXPERIMENT,
+               "experiment_id": experiment_id(uri, EXPERIMENT),
                "wall_seconds": round(time.perf_counter() - started, 1), "rows_per_day": args.rows}
     (out / "demo.json").write_text(json.dumps(summary, indent=2) + "\n")
     print_headline(summary)
     return 0
+
+
+def experiment_id(uri: str, name: str) -> str | None:
+    """The id of MLflow experiment `name` (for the UI link); None when tracking is off."""
+    if uri.lower() == "none":
+        return None
+    from mlflow import MlflowClient
+
+    found = MlflowClient(uri).get_experiment_by_name(name)
+    return found.experiment_id if found else None
 
 
 def print_headline(summary: dict) -> None:
@@ -68,6 +83,7 @@ def print_headline(summary: dict) -> None:
     if run_id:
         print(f"MLflow run:           {run_id} (experiment {summary['experiment']}, {summary['tracking_uri']})")
         if summary["tracking_uri"].startswith("sqlite:"):
-            print(f"open it with:         mlflow ui --backend-store-uri {summary['tracking_uri']}"
-                  f"  then http://127.0.0.1:5000")
+            print(f"open it with:         mlflow ui --backend-store-uri {summary['tracking_uri']}")
+            print(f"                      then http://127.0.0.1:5000/#/experiments/"
+                  f"{summary.get('experiment_id', '')}/runs/{run_id}")
     print(f"wall time:            {summary['wall_seconds']:.0f} s")

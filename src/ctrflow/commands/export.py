@@ -14,14 +14,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="processed data directory: vocabularies and held-out rows")
     parser.add_argument("--out", required=True, help="Triton model repository to write into")
     parser.add_argument("--name", default="ctr", help="ensemble name; its parts are NAME_preprocess, NAME_model")
-    parser.add_argument("--backend", choices=("onnxruntime", "python"), default="onnxruntime",
-                        help="ranking model backend: an ONNX graph, or PyTorch on the python backend "
-                             "(serves on any Triton build)")
+    parser.add_argument("--backend", choices=("onnxruntime", "pytorch", "python"), default="onnxruntime",
+                        help="ranking model backend: an ONNX graph, TorchScript on the PyTorch (libtorch) "
+                             "backend, or PyTorch on the python backend (serves on any Triton build)")
     parser.add_argument("--max-batch-size", type=int, default=4096, help="Triton max_batch_size of every model")
     parser.add_argument("--instance-kind", choices=("cpu", "gpu"), default="cpu",
                         help="where the ranking model's instances run")
     parser.add_argument("--validation-rows", type=int, default=4096,
                         help="held-out rows the exported model is compared on with the trained one")
+    parser.add_argument("--metrics", default=None,
+                        help="evaluate's metrics.json for this checkpoint (or its directory): its AUC tags "
+                             "the registered version, for `ctrflow promote` without --data")
     add_tracking_flags(parser)
 
 
@@ -32,6 +35,6 @@ def run(args: argparse.Namespace) -> int:
     with tracker_from_args(args, "export") as tracker:
         summary = export(args.checkpoint, args.data, args.out, args.name, backend=args.backend,
                          max_batch_size=args.max_batch_size, instance_kind=args.instance_kind,
-                         validation_rows=args.validation_rows, tracker=tracker)
+                         validation_rows=args.validation_rows, metrics=args.metrics, tracker=tracker)
     print(json.dumps(summary))
     return 0

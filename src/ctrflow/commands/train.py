@@ -50,6 +50,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit-train-batches", type=int, default=None, help="batches per epoch (smoke runs)")
     parser.add_argument("--limit-eval-batches", type=int, default=None)
     parser.add_argument("--deterministic", action="store_true", help="deterministic kernels (slower)")
+    parser.add_argument("--embedding", choices=("auto", "fused", "plain"), default=t.embedding,
+                        help="tables: fused (Triton kernels, optimizer step in backward; auto: one CUDA process) "
+                             "or plain PyTorch")
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default=t.precision,
+                        help="dense part (auto: bf16 autocast on CUDA, fp32 on the CPU)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_tracking_flags(parser)
 
@@ -70,7 +75,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         epochs=args.epochs, max_steps=args.max_steps, seed=args.seed, log_every=args.log_every,
         eval_every=args.eval_every, checkpoint_every=args.checkpoint_every, device=args.device, threads=args.threads,
         resume=args.resume, deterministic=args.deterministic, progress=not args.no_progress,
-        sharding=args.sharding, plan=args.plan,
+        sharding=args.sharding, plan=args.plan, embedding=args.embedding, precision=args.precision,
     )
 
 

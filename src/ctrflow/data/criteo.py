@@ -189,7 +189,7 @@ def _labels_ok(labels: pa.ChunkedArray) -> bool:
 
 def _to_parsed(table, names, lines, rows, problems) -> ParsedBlock:
     if table is None:
-        return ParsedBlock(0, rows, np.zeros(0, np.int8) if LABEL in names else None,
+        return ParsedBlock(lines, rows, np.zeros(0, np.int8) if LABEL in names else None,
                            [pa.array([], pa.int64())] * len(DENSE), [pa.array([], pa.string())] * len(SPARSE), problems)
     label = None
     if LABEL in names:

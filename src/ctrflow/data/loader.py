@@ -5,6 +5,10 @@ sequence of *global* batches depends only on (seed, epoch): an epoch is a seeded
 all rows, cut into `batch_size` rows per global batch. Process `rank` of `world_size` takes rows
 [len*r/W, len*(r+1)/W) of each global batch, so any number of processes sees the same global
 batches. The position (epoch, batch index) is all a resumed run needs.
+
+With `device`, the split is copied to that device once (`resident_bytes` says how much) and each
+batch is an index_select there by the epoch's permutation: no host work per batch, no copy. Else
+batches are gathered on the host by a background thread (pinned for an asynchronous copy).
 """
 
 from __future__ import annotations
@@ -49,6 +53,10 @@ class ParquetDataset:
     def __len__(self) -> int:
         return len(self.labels)
 
+    def resident_bytes(self) -> int:
+        """Bytes of the split kept on a device (ids as int32)."""
+        return self.labels.nbytes + self.dense.nbytes + self.sparse.nbytes
+
 
 def _read_part(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     try:
@@ -92,7 +100,7 @@ class BatchLoader:
 
     def __init__(self, dataset: ParquetDataset, batch_size: int, *, shuffle: bool, drop_last: bool,
                  seed: int = 0, rank: int = 0, world_size: int = 1, pin_memory: bool = False,
-                 prefetch: int = 4, limit_batches: int | None = None):
+                 prefetch: int = 4, limit_batches: int | None = None, device: torch.device | str | None = None):
         if drop_last and batch_size % world_size:
             raise UserError(f"--batch-size {batch_size} must be divisible by the {world_size} processes")
         if batch_size <= 0:
@@ -102,6 +110,11 @@ class BatchLoader:
         self.shuffle, self.drop_last, self.seed = shuffle, drop_last, seed
         self.rank, self.world_size = rank, world_size
         self.pin_memory, self.prefetch, self.limit_batches = pin_memory, prefetch, limit_batches
+        self.device = None if device is None else torch.device(device)
+        self._resident = None
+        if self.device is not None:  # one host-to-device copy of the whole split
+            self._resident = tuple(torch.from_numpy(a).to(self.device)
+                                   for a in (dataset.dense, dataset.sparse, dataset.labels))
 
     def __len__(self) -> int:
         """Global batches per epoch."""
@@ -115,7 +128,7 @@ class BatchLoader:
             return None
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.dataset))
 
-    def rows(self, order: np.ndarray | None, index: int) -> np.ndarray | slice:
+    def rows(self, order: np.ndarray | torch.Tensor | None, index: int) -> np.ndarray | torch.Tensor | slice:
         """This process's rows of global batch `index`."""
         start = index * self.batch_size
         stop = min(start + self.batch_size, len(self.dataset))
@@ -123,6 +136,13 @@ class BatchLoader:
         lo = start + size * self.rank // self.world_size
         hi = start + size * (self.rank + 1) // self.world_size
         return slice(lo, hi) if order is None else order[lo:hi]
+
+    def resident_batch(self, rows: torch.Tensor | slice) -> Batch:
+        """Gather rows of the device-resident split (`rows`: a device index tensor or a slice)."""
+        dense, sparse, labels = self._resident
+        if isinstance(rows, slice):
+            return Batch(dense[rows], sparse[rows].long(), labels[rows])
+        return Batch(dense.index_select(0, rows), sparse.index_select(0, rows).long(), labels.index_select(0, rows))
 
     def batch(self, rows: np.ndarray | slice) -> Batch:
         """Gather rows into a `Batch` (ids widened to int64 for lookups)."""
@@ -136,6 +156,10 @@ class BatchLoader:
         """Global batches `start`, `start + 1`, ... of `epoch`, prepared by a background thread."""
         order = self.order(epoch)
         indices = range(start, len(self))
+        if self._resident is not None:  # kernels queue on the device: nothing to overlap on the host
+            order = None if order is None else torch.from_numpy(order).to(self.device)
+            yield from (self.resident_batch(self.rows(order, i)) for i in indices)
+            return
         if self.prefetch <= 0:
             yield from (self.batch(self.rows(order, i)) for i in indices)
             return

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ctrflow.data.counting import SPILL_ENTRIES, Counter
-from ctrflow.data.criteo import Block, count_lines, line_starts, parse_block, read_block
+from ctrflow.data.criteo import Block, count_lines, line_starts, parse_block, plan_blocks, read_block
 from ctrflow.data.schema import DENSE, LABEL, SPARSE
 from ctrflow.data.transform import transform_dense
 from ctrflow.data.vocab import Vocabularies, encode_keys
@@ -35,6 +35,14 @@ def rows_in_valid(seed: int, file_index: int, offsets: np.ndarray, fraction: flo
         x = (x ^ (x >> np.uint64(27))) * _MIX2
         x ^= x >> np.uint64(31)
     return (x >> np.uint64(11)).astype(np.float64) * (2.0 ** -53) < fraction
+
+
+@dataclass(frozen=True)
+class WholeFile:
+    """A task: all blocks of one file, read by the worker itself (gzip decompression in parallel)."""
+
+    file_index: int
+    block_bytes: int
 
 
 @dataclass
@@ -59,8 +67,19 @@ class FitStage:
         """This worker's run files (and other-string counts)."""
         return self.counter.finish()
 
-    def handle(self, block: Block) -> dict:
-        """Process one block; returns its accounting (and problems, with block-relative lines)."""
+    def handle(self, task: Block | WholeFile) -> list[dict]:
+        """Process a block, or every block of a (gzip) file in order; one accounting dict per block."""
+        if isinstance(task, Block):
+            return [self._handle_block(task)]
+        results = []
+        for block in plan_blocks(Path(self.paths[task.file_index]), task.file_index, task.block_bytes):
+            results.append(self._handle_block(block))
+            if results[-1]["truncated"] or (results[-1]["problems"] and self.stop_at_bad_row):
+                break
+        return results
+
+    def _handle_block(self, block: Block) -> dict:
+        """One block's accounting (and problems, with block-relative lines); caches its rows."""
         begin, data = read_block(Path(self.paths[block.file_index]), block)
         result = {"file": block.file_index, "lines": 0, "rows": {"train": 0, "valid": 0},
                   "problems": [], "truncated": block.truncated, "tail": b"", "cache": None,

@@ -2,7 +2,8 @@
 
     REPO/NAME/config.pbtxt, 1/                    ensemble: raw fields -> probability
     REPO/NAME_preprocess/config.pbtxt, 1/model.py, 1/vocab/, 1/schema.json
-    REPO/NAME_model/config.pbtxt, 1/model.onnx    (or 1/model.py + 1/checkpoint/ with --backend python)
+    REPO/NAME_model/config.pbtxt, 1/model.onnx    (1/model.pt with --backend pytorch,
+                                                   1/model.py + 1/checkpoint/ with --backend python)
     REPO/requirements.txt, REPO/validation.json
 """
 
@@ -18,6 +19,8 @@ from ctrflow import __version__
 from ctrflow.errors import UserError
 from ctrflow.export import python_backend, triton
 from ctrflow.export.validate import check_repository, compare_with_trained
+from ctrflow.serve.preprocess import copy_vocabularies
+from ctrflow.serve.ranking import save_ranking_model
 from ctrflow.tracking import NullTracker, Tracker
 
 __all__ = ["export"]
@@ -32,27 +35,31 @@ pyarrow>=14
 
 
 def _write_ranking(model, schema, meta, repo: Path, name: str, backend: str) -> None:
-    from ctrflow.export.onnx_model import export_onnx
-
     version = repo / triton.ranking_name(name) / triton.VERSION
     if backend == "onnxruntime":
-        export_onnx(model, version / "model.onnx")
+        from ctrflow.export.onnx_model import export_onnx
+
+        export_onnx(model, version / triton.MODEL_FILES[backend])
+    elif backend == "pytorch":
+        from ctrflow.export.torchscript import export_torchscript
+
+        export_torchscript(model, version / triton.MODEL_FILES[backend])
     else:
         python_backend.copy_template("ranking", version)
-        python_backend.write_serving_checkpoint(model, schema, meta, version / "checkpoint")
+        save_ranking_model(model, schema, meta, version / "checkpoint")
 
 
 def write_repository(model, schema, meta, data: str | os.PathLike, repo: Path, name: str, backend: str,
                      max_batch_size: int, instance_kind: str) -> None:
     """Write the three models of ensemble `name` and their configs into `repo`."""
-    configs = [triton.ensemble_config(name, max_batch_size), triton.preprocess_config(name, max_batch_size),
+    configs = [triton.ensemble_config(name, max_batch_size, backend), triton.preprocess_config(name, max_batch_size),
                triton.ranking_config(name, backend, max_batch_size, instance_kind)]
     for config in configs:
         triton.write_config(config, repo / config.name)
     (repo / name / triton.VERSION).mkdir(parents=True)  # an ensemble's version directory stays empty
     pre = repo / triton.preprocess_name(name) / triton.VERSION
     python_backend.copy_template("preprocess", pre)
-    python_backend.write_vocabularies(data, pre)
+    copy_vocabularies(data, pre)
     _write_ranking(model, schema, meta, repo, name, backend)
 
 
@@ -69,6 +76,20 @@ def publish(staging: Path, repo: Path, name: str) -> None:
     (repo / "requirements.txt").write_text(REQUIREMENTS.format(version=__version__) + extra)
 
 
+def read_auc(metrics: str | os.PathLike) -> float:
+    """The `auc` of evaluate's `metrics.json` (the file, or the directory holding it); UserError
+    naming the file when it is missing, not JSON, or has no AUC in [0, 1]."""
+    path = Path(metrics)
+    path = path / "metrics.json" if path.is_dir() else path
+    try:
+        value = json.loads(path.read_text()).get("auc")
+    except (OSError, ValueError, AttributeError) as err:
+        raise UserError(f"--metrics {path}: not a readable metrics.json ({err})") from None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= 1.0:
+        raise UserError(f"--metrics {path}: field auc must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
 def _check_args(name: str, max_batch_size: int, validation_rows: int) -> None:
     if not NAME_PATTERN.match(name):
         raise UserError(f"--name {name!r}: use letters, digits, '_', '-' or '.'")
@@ -80,16 +101,20 @@ def _check_args(name: str, max_batch_size: int, validation_rows: int) -> None:
 
 def export(checkpoint: str | os.PathLike, data: str | os.PathLike, out: str | os.PathLike, name: str,
            backend: str = "onnxruntime", max_batch_size: int = 4096, instance_kind: str = "cpu",
-           validation_rows: int = 4096, tracker: Tracker | None = None) -> dict:
+           validation_rows: int = 4096, metrics: str | os.PathLike | None = None,
+           tracker: Tracker | None = None) -> dict:
     """Export `checkpoint` as the Triton ensemble `name` into the repository `out`; returns a summary.
 
     The ensemble is written and validated in a staging directory and moved into `out` only when
     every config parses and the exported model matches the trained one within 1e-5 on held-out
-    rows; otherwise `UserError` says why and `out` is left as it was.
+    rows; otherwise `UserError` says why and `out` is left as it was. `metrics` (evaluate's
+    `metrics.json` for this checkpoint) puts its AUC on the registered version, where
+    `ctrflow promote` reads it.
     """
     from ctrflow.predict import load_for_data
 
     _check_args(name, max_batch_size, validation_rows)
+    auc = None if metrics is None else read_auc(metrics)
     tracker = tracker or NullTracker()
     model, schema, meta = load_for_data(checkpoint, data)
     repo = Path(out)
@@ -110,6 +135,8 @@ def export(checkpoint: str | os.PathLike, data: str | os.PathLike, out: str | os
     configs = check_repository(repo, name)
     summary = {"repository": str(repo), "name": name, "backend": backend, "models": sorted(configs),
                "max_abs_diff": validation["max_abs_diff"], "rows": validation["rows"]}
+    if auc is not None:
+        summary["auc"] = auc
     _track(tracker, summary, checkpoint, data, schema, max_batch_size, instance_kind)
     return summary
 
@@ -117,7 +144,8 @@ def export(checkpoint: str | os.PathLike, data: str | os.PathLike, out: str | os
 def _track(tracker: Tracker, summary: dict, checkpoint, data, schema, max_batch_size: int,
            instance_kind: str) -> None:
     """Params, metrics, and a registered model version (alias `candidate`) whose artifact is the
-    raw-rows pyfunc carrying the Triton repository (`model/artifacts/triton/`)."""
+    raw-rows pyfunc carrying the Triton repository (`model/artifacts/triton/`); the version is
+    tagged with the evaluation's `auc` when the export was given one."""
     tracker.log_params({"name": summary["name"], "backend": summary["backend"], "checkpoint": str(checkpoint),
                         "data": str(data), "max_batch_size": max_batch_size, "instance_kind": instance_kind})
     tracker.set_tags({"schema_hash": schema.vocab_hash})
@@ -127,10 +155,12 @@ def _track(tracker: Tracker, summary: dict, checkpoint, data, schema, max_batch_
     from ctrflow.registry import log_pyfunc
 
     artifact_path = log_pyfunc(tracker, checkpoint, data, repository=summary["repository"])
+    tags = {"backend": summary["backend"], "max_abs_diff": f"{summary['max_abs_diff']:.3g}",
+            "schema_hash": schema.vocab_hash, "checkpoint": str(checkpoint)}
+    if "auc" in summary:
+        tags["auc"] = repr(summary["auc"])  # full precision: promote compares it with other versions
     version = tracker.register_model(
-        summary["name"], artifact_path,
-        tags={"backend": summary["backend"], "max_abs_diff": f"{summary['max_abs_diff']:.3g}",
-              "schema_hash": schema.vocab_hash, "checkpoint": str(checkpoint)},
+        summary["name"], artifact_path, tags=tags,
         description=f"ctrflow export of {checkpoint}: Triton ensemble {summary['name']} "
                     f"({summary['backend']}) and a pyfunc scoring raw Criteo rows")
     if version is not None:

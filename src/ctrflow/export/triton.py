@@ -3,7 +3,7 @@
 The repository holds three models:
   NAME             ensemble: raw fields I1..I13, C1..C26 (BYTES) -> probability (FP32)
   NAME_preprocess  python backend: raw fields -> dense [13] FP32, sparse [26] INT64 (saved vocabularies)
-  NAME_model       onnxruntime (or python) backend: dense, sparse -> probability [1]
+  NAME_model       onnxruntime, pytorch (libtorch) or python backend: dense, sparse -> probability [1]
 Every model has a batch dimension (max_batch_size > 0); the two leaf models batch dynamically.
 """
 
@@ -21,7 +21,12 @@ from ctrflow.serve import RAW_INPUTS
 
 VERSION = "1"
 QUEUE_DELAY_US = 100  # wait at most 0.1 ms for more requests to join a batch
-BACKENDS = ("onnxruntime", "python")
+BACKENDS = ("onnxruntime", "pytorch", "python")
+PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "pytorch": "pytorch_libtorch"}
+MODEL_FILES = {"onnxruntime": "model.onnx", "pytorch": "model.pt"}  # in NAME_model/1/
+# TorchScript keeps no tensor names: the libtorch backend binds `<name>__<index>` to the index-th
+# argument of forward (dense, sparse) and the index-th output; every Triton release reads them
+TORCH_NAMES = {"dense": "dense__0", "sparse": "sparse__1", "probability": "probability__0"}
 INSTANCE_KINDS = {"cpu": pb.ModelInstanceGroup.KIND_CPU, "gpu": pb.ModelInstanceGroup.KIND_GPU}
 
 
@@ -35,6 +40,11 @@ def ranking_name(name: str) -> str:
     return f"{name}_model"
 
 
+def ranking_tensor(backend: str, tensor: str) -> str:
+    """The ranking model's own name for `tensor` ("dense", "sparse" or "probability") under `backend`."""
+    return TORCH_NAMES[tensor] if backend == "pytorch" else tensor
+
+
 def _tensor(kind, name: str, data_type: int, dims: list[int]):
     return kind(name=name, data_type=data_type, dims=dims)
 
@@ -43,12 +53,13 @@ def _raw_inputs() -> list[pb.ModelInput]:
     return [_tensor(pb.ModelInput, col, pb.TYPE_STRING, [1]) for col in RAW_INPUTS]
 
 
-def _features(kind) -> list:
-    return [_tensor(kind, "dense", pb.TYPE_FP32, [len(DENSE)]), _tensor(kind, "sparse", pb.TYPE_INT64, [len(SPARSE)])]
+def _features(kind, backend: str = "python") -> list:
+    return [_tensor(kind, ranking_tensor(backend, "dense"), pb.TYPE_FP32, [len(DENSE)]),
+            _tensor(kind, ranking_tensor(backend, "sparse"), pb.TYPE_INT64, [len(SPARSE)])]
 
 
-def _probability() -> pb.ModelOutput:
-    return _tensor(pb.ModelOutput, "probability", pb.TYPE_FP32, [1])
+def _probability(backend: str = "python") -> pb.ModelOutput:
+    return _tensor(pb.ModelOutput, ranking_tensor(backend, "probability"), pb.TYPE_FP32, [1])
 
 
 def _batching(config: pb.ModelConfig, instance_kind: str, count: int = 1) -> pb.ModelConfig:
@@ -57,8 +68,9 @@ def _batching(config: pb.ModelConfig, instance_kind: str, count: int = 1) -> pb.
     return config
 
 
-def ensemble_config(name: str, max_batch_size: int) -> pb.ModelConfig:
-    """The ensemble the clients call: preprocess -> model, raw strings in, probability out."""
+def ensemble_config(name: str, max_batch_size: int, backend: str = "onnxruntime") -> pb.ModelConfig:
+    """The ensemble the clients call: preprocess -> model, raw strings in, probability out; the
+    ranking step maps the ensemble's tensors onto `backend`'s names for them."""
     config = pb.ModelConfig(name=name, platform="ensemble", max_batch_size=max_batch_size,
                             input=_raw_inputs(), output=[_probability()])
     pre = config.ensemble_scheduling.step.add(model_name=preprocess_name(name), model_version=-1)
@@ -67,9 +79,9 @@ def ensemble_config(name: str, max_batch_size: int) -> pb.ModelConfig:
     pre.output_map["dense"] = "dense"
     pre.output_map["sparse"] = "sparse"
     rank = config.ensemble_scheduling.step.add(model_name=ranking_name(name), model_version=-1)
-    rank.input_map["dense"] = "dense"
-    rank.input_map["sparse"] = "sparse"
-    rank.output_map["probability"] = "probability"
+    for tensor in ("dense", "sparse"):
+        rank.input_map[ranking_tensor(backend, tensor)] = tensor
+    rank.output_map[ranking_tensor(backend, "probability")] = "probability"
     return config
 
 
@@ -81,16 +93,17 @@ def preprocess_config(name: str, max_batch_size: int) -> pb.ModelConfig:
 
 
 def ranking_config(name: str, backend: str, max_batch_size: int, instance_kind: str) -> pb.ModelConfig:
-    """The ranking model: an ONNX graph on onnxruntime, or the checkpoint on the python backend."""
+    """The ranking model: an ONNX graph on onnxruntime, TorchScript on libtorch, or the checkpoint
+    on the python backend."""
     if backend not in BACKENDS:
         raise UserError(f"--backend {backend}: expected one of {', '.join(BACKENDS)}")
     if instance_kind not in INSTANCE_KINDS:
         raise UserError(f"--instance-kind {instance_kind}: expected one of {', '.join(INSTANCE_KINDS)}")
     config = pb.ModelConfig(name=ranking_name(name), backend=backend, max_batch_size=max_batch_size,
-                            input=_features(pb.ModelInput), output=[_probability()])
-    if backend == "onnxruntime":
-        config.platform = "onnxruntime_onnx"
-        config.default_model_filename = "model.onnx"
+                            input=_features(pb.ModelInput, backend), output=[_probability(backend)])
+    if backend in PLATFORMS:
+        config.platform = PLATFORMS[backend]
+        config.default_model_filename = MODEL_FILES[backend]
     return _batching(config, instance_kind)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ctrflow.errors import UserError
-from ctrflow.export.triton import VERSION, preprocess_name, ranking_name, read_config
+from ctrflow.export.triton import MODEL_FILES, VERSION, preprocess_name, ranking_name, read_config
 
 TOLERANCE = 1e-5  # fp32: the exported graph may fuse or reorder operations
 
@@ -49,8 +49,9 @@ def _check_steps(repo: Path, name: str, configs: dict) -> None:
 def _check_files(repo: Path, name: str, configs: dict) -> None:
     version = repo / ranking_name(name) / VERSION
     needed = [repo / preprocess_name(name) / VERSION / "model.py", repo / preprocess_name(name) / VERSION / "vocab"]
-    if configs[ranking_name(name)].backend == "onnxruntime":
-        needed.append(version / "model.onnx")
+    backend = configs[ranking_name(name)].backend
+    if backend in MODEL_FILES:
+        needed.append(version / MODEL_FILES[backend])
     else:
         needed += [version / "model.py", version / "checkpoint" / "model.pt"]
     needed.append(repo / name / VERSION)  # Triton wants a version directory, even for an ensemble
@@ -84,10 +85,20 @@ def exported_probabilities(repo: Path, name: str, backend: str, dense: np.ndarra
     if backend == "onnxruntime":
         import onnxruntime as ort
 
-        session = ort.InferenceSession(str(version / "model.onnx"), providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(str(version / MODEL_FILES[backend]), providers=["CPUExecutionProvider"])
 
         def run(d: np.ndarray, s: np.ndarray) -> np.ndarray:
             return session.run(["probability"], {"dense": d, "sparse": s})[0]
+    elif backend == "pytorch":
+        import torch
+
+        from ctrflow.export.torchscript import load_torchscript
+
+        module = load_torchscript(version / MODEL_FILES[backend])
+
+        def run(d: np.ndarray, s: np.ndarray) -> np.ndarray:
+            with torch.inference_mode():
+                return module(torch.from_numpy(d), torch.from_numpy(s)).numpy()
     else:
         from ctrflow.serve.ranking import load_ranking_model, probabilities
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -22,19 +23,43 @@ class MLP(nn.Sequential):
         self.out_features = in_features
 
 
-class DotInteraction(nn.Module):
-    """DLRM's pairwise dot products: [B, F, D] -> [B, F*(F-1)/2] (each pair once, no self-pairs)."""
+def pad_input_columns(linear: nn.Linear, extra: int) -> nn.Linear:
+    """`linear` taking `extra` more (zero) input columns: its weight gets `extra` zero columns, so it
+    computes the same function and starts from the same numbers; the columns' gradients are zero
+    while their inputs are."""
+    wider = nn.Linear(linear.in_features + extra, linear.out_features, bias=linear.bias is not None)
+    with torch.no_grad():
+        wider.weight.zero_()
+        wider.weight[:, :linear.in_features].copy_(linear.weight)
+        if linear.bias is not None:
+            wider.bias.copy_(linear.bias)
+    return wider
 
-    def __init__(self, num_features: int):
+
+class DotInteraction(nn.Module):
+    """DLRM's interaction: the dense vector [B, D] and the embeddings [B, F-1, D] -> [B, out_features]
+    = [dense, the F(F-1)/2 pairwise dot products of the F vectors (i < j, row-major), zeros].
+
+    The zero columns pad the width to a multiple of `pad_multiple` (MLPerf pads 128 + 351 = 479 to
+    480): the top MLP's bf16 input rows are then 16-byte aligned, which the tensor cores need.
+    """
+
+    def __init__(self, num_features: int, dim: int, pad_multiple: int = 8):
         super().__init__()
         rows, cols = torch.triu_indices(num_features, num_features, offset=1)
         self.register_buffer("rows", rows, persistent=False)
         self.register_buffer("cols", cols, persistent=False)
-        self.out_features = rows.numel()
+        self.num_features, self.dim, self.pad_multiple = num_features, dim, pad_multiple
+        self.num_pairs = rows.numel()
+        self.pad = -(dim + self.num_pairs) % pad_multiple
+        self.out_features = dim + self.num_pairs + self.pad
 
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
+    def forward(self, dense: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
+        dtype = torch.promote_types(dense.dtype, embedded.dtype)
+        features = torch.cat([dense.unsqueeze(1).to(dtype), embedded.to(dtype)], dim=1)  # [B, F, D]
         gram = torch.bmm(features, features.transpose(1, 2))  # [B, F, F]
-        return gram[:, self.rows, self.cols]
+        pairs = gram[:, self.rows, self.cols]
+        return F.pad(torch.cat([dense.to(pairs.dtype), pairs], dim=1), (0, self.pad))
 
 
 class LowRankCrossNet(nn.Module):

@@ -4,6 +4,7 @@
 only translate between Triton tensors and `serve.preprocess` / `serve.ranking`, so the logic is
 here, where validation and the unit tests exercise it. `serve.preprocess` needs numpy and the
 vocabularies only (no torch, no tritonclient), so the preprocessing model stays light.
+`serve.tritonserver` starts a real `tritonserver` on such a repository (`ctrflow serve`, the tests).
 """
 
 from ctrflow.data.schema import DENSE, SPARSE

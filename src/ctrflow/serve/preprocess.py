@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 from typing import Mapping
 
 import numpy as np
@@ -41,8 +43,16 @@ def preprocess_arrays(arrays: Mapping[str, np.ndarray | None], vocab) -> tuple[n
     return np.ascontiguousarray(dense, dtype=np.float32), np.ascontiguousarray(sparse, dtype=np.int64)
 
 
+def copy_vocabularies(data: str | os.PathLike, model_dir: str | os.PathLike) -> Path:
+    """Copy `data/vocab/` and `data/schema.json` into `model_dir`: what `load_vocabularies` reads."""
+    data, model_dir = Path(data), Path(model_dir)
+    shutil.copytree(data / "vocab", model_dir / "vocab", dirs_exist_ok=True)
+    shutil.copy2(data / "schema.json", model_dir / "schema.json")
+    return model_dir
+
+
 def load_vocabularies(model_dir: str | os.PathLike):
-    """The vocabularies `ctrflow export` copied into a model version directory (`vocab/`, `schema.json`),
+    """The vocabularies `copy_vocabularies` put into a model version directory (`vocab/`, `schema.json`),
     checked against the schema's hash: ids from other vocabularies would silently mean other values."""
     from ctrflow.data.schema import Schema
     from ctrflow.data.vocab import Vocabularies

@@ -25,8 +25,20 @@ class ProbabilityModel(nn.Module):
         return torch.sigmoid(self.model(dense, sparse)).unsqueeze(1)  # [B] -> [B, 1]
 
 
+def save_ranking_model(model: nn.Module, schema: Schema, meta: dict, out: str | os.PathLike) -> Path:
+    """Weights and architecture only (no optimizer state) into `out`: what `load_ranking_model` reads."""
+    from ctrflow.train.checkpoint import model_state
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(model_state(model), out / "model.pt")
+    schema.save(out / "schema.json")
+    (out / "model.json").write_text(json.dumps(meta["model"], indent=2) + "\n")
+    return out
+
+
 def load_ranking_model(path: str | os.PathLike) -> ProbabilityModel:
-    """The model `ctrflow export` saved in `path` (model.pt, model.json, schema.json), eval mode."""
+    """The model `save_ranking_model` saved in `path` (model.pt, model.json, schema.json), eval mode."""
     from ctrflow.models import build_model
     from ctrflow.train.checkpoint import load_model_state
 

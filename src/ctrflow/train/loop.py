@@ -28,6 +28,7 @@ from ctrflow.models import build_model
 from ctrflow.tracking import NullTracker, Tracker
 from ctrflow.train import checkpoint
 from ctrflow.train.distributed import Runtime, close_runtime, init_runtime, parallelize, print0
+from ctrflow.train.fused import FusedTables, apply_fused, autocast_dtype, use_fused
 from ctrflow.train.optim import Optimizers, build_optimizers, lr_factor, sparse_memory
 from ctrflow.train.progress import ProgressLog, restart_metrics
 from ctrflow.train.validate import validate
@@ -48,6 +49,7 @@ class Session:
     valid_loader: BatchLoader | None
     out: Path
     total_steps: int
+    amp: torch.dtype | None = None  # autocast dtype of the forward pass (None: fp32)
     step: int = 0
     epoch: int = 0
     batch: int = 0
@@ -77,16 +79,20 @@ def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
     train_loader, valid_loader = _loaders(config, schema, runtime)
     m = config.model
     model = build_model(m.name, schema, m.embedding_dim, seed=config.seed, **m.arch_kwargs())
+    amp = autocast_dtype(config, runtime)
+    fused = None
+    if use_fused(config, runtime):  # one process: tables built straight on the device, fused
+        fused = FusedTables(apply_fused(model, config.optim, runtime.device, amp), config.optim.sparse)
     # before the optimizers: sharding replaces the tables' parameters by this process's shards;
     # it moves the model to the device (only this process's shards, never whole tables)
     model = parallelize(model, runtime, config.sharding, config.plan, sparse_memory(config.optim))
-    optimizers = build_optimizers(model, config.optim)
+    optimizers = build_optimizers(model, config.optim, fused)
     epoch_steps = len(train_loader)
     total = config.epochs * epoch_steps
     total = total if config.max_steps is None else min(config.max_steps, total)
     out = Path(config.out)
     session = Session(config, runtime, tracker, schema, model, model, optimizers,
-                      train_loader, valid_loader, out, total)
+                      train_loader, valid_loader, out, total, amp)
     source = _resume(session) if config.resume else None
     if runtime.is_main:
         out.mkdir(parents=True, exist_ok=True)
@@ -98,7 +104,8 @@ def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
     dense_params = sum(p.numel() for p in optimizers.dense.param_groups[0]["params"])
     print0(f"ctrflow train: {m.name}, {dense_params:,} dense parameters, {sum(schema.table_sizes()):,} embedding "
            f"rows x {m.embedding_dim}; {len(train_loader.dataset):,} train rows, {epoch_steps} steps/epoch of "
-           f"{config.data.batch_size}; {runtime.world_size} process(es) on {runtime.device}")
+           f"{config.data.batch_size}; {runtime.world_size} process(es) on {runtime.device}; "
+           f"{'fused' if fused else 'plain'} tables, {'bf16 autocast' if amp else 'fp32'}")
     return session
 
 
@@ -108,15 +115,26 @@ def _loaders(config: TrainConfig, schema: Schema, runtime: Runtime) -> tuple[Bat
               "pin_memory": runtime.device.type == "cuda"}
     train_set = ParquetDataset(data.path, "train", sizes)
     train_loader = BatchLoader(train_set, data.batch_size, shuffle=data.shuffle, drop_last=True, seed=config.seed,
-                               limit_batches=data.limit_train_batches, **common)
+                               limit_batches=data.limit_train_batches,
+                               device=_resident_device(train_set, runtime), **common)
     if len(train_loader) == 0:
         raise UserError(f"{data.path}/train: {len(train_set)} rows, fewer than one batch of {data.batch_size}")
     valid_loader = None
     if (Path(data.path) / "valid").is_dir():
         valid_set = ParquetDataset(data.path, "valid", sizes)
         valid_loader = BatchLoader(valid_set, data.eval_batch_size, shuffle=False, drop_last=False,
-                                   limit_batches=data.limit_eval_batches, **common)
+                                   limit_batches=data.limit_eval_batches,
+                                   device=_resident_device(valid_set, runtime), **common)
     return train_loader, valid_loader
+
+
+def _resident_device(dataset: ParquetDataset, runtime: Runtime) -> torch.device | None:
+    """The GPU when the split takes at most 1/16 of its memory (the tables need the rest), else
+    None: batches are then gathered on the host and copied."""
+    if runtime.device.type != "cuda":
+        return None
+    total = torch.cuda.get_device_properties(runtime.device).total_memory
+    return runtime.device if dataset.resident_bytes() * 16 <= total else None
 
 
 def _resume(s: Session) -> Path:
@@ -143,7 +161,7 @@ def _fit(s: Session) -> dict[str, Any]:
         while s.step < s.total_steps and s.epoch < cfg.epochs:
             for batch in s.train_loader.batches(s.epoch, start=s.batch):
                 s.optimizers.set_lr_factor(lr_factor(s.step, cfg.optim, s.total_steps))
-                log.add(train_step(s.step_model, batch, s.optimizers, s.runtime.device))
+                log.add(train_step(s.step_model, batch, s.optimizers, s.runtime.device, s.amp))
                 s.step, s.batch = s.step + 1, s.batch + 1
                 epoch_end = s.batch == len(s.train_loader)
                 if epoch_end:
@@ -157,11 +175,14 @@ def _fit(s: Session) -> dict[str, Any]:
     return _finish(s, log, valid, done)
 
 
-def train_step(step_model: nn.Module, batch: Batch, optimizers: Optimizers, device: torch.device) -> torch.Tensor:
-    """Forward, BCE-with-logits loss, backward, update; returns the (device) loss, unsynced."""
+def train_step(step_model: nn.Module, batch: Batch, optimizers: Optimizers, device: torch.device,
+               amp: torch.dtype | None = None) -> torch.Tensor:
+    """Forward (under `amp` autocast if given), BCE-with-logits loss in fp32, backward, update
+    (fused tables update inside backward); returns the (device) loss, unsynced."""
     batch = batch.to(device, non_blocking=True)
-    logits = step_model(batch.dense, batch.sparse)
-    loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+    with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+        logits = step_model(batch.dense, batch.sparse)
+    loss = F.binary_cross_entropy_with_logits(logits.float(), batch.labels)
     optimizers.zero_grad()
     loss.backward()
     optimizers.step()
@@ -177,7 +198,7 @@ def _periodic(s: Session, log: ProgressLog, done: dict[str, int], last: bool) ->
     valid = None
     if evaluate:
         log.pause()
-        valid = validate(s.model, s.valid_loader, s.runtime)
+        valid = validate(s.model, s.valid_loader, s.runtime, s.amp)
         log.resume()
         done["eval"] = step
         print0(f"step {step}: valid auc {valid['auc']:.4f} logloss {valid['logloss']:.4f}")
@@ -196,7 +217,7 @@ def _periodic(s: Session, log: ProgressLog, done: dict[str, int], last: bool) ->
 def _finish(s: Session, log: ProgressLog, valid: dict[str, float], done: dict[str, int]) -> dict[str, Any]:
     if done["ckpt"] != s.step:  # resumed at the very end: nothing trained, but `out` is still a checkpoint
         if s.valid_loader is not None:
-            valid = validate(s.model, s.valid_loader, s.runtime)
+            valid = validate(s.model, s.valid_loader, s.runtime, s.amp)
         checkpoint.save_checkpoint(s.out, s.model, s.optimizers, {"step": s.step, "epoch": s.epoch, "batch": s.batch},
                                    s.config, s.schema, s.runtime, metrics=valid)
         done["ckpt"] = s.step

@@ -4,7 +4,7 @@ the DLRM learning-rate schedule (linear warmup, then polynomial decay)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -12,6 +12,9 @@ from torch import nn
 from ctrflow.config import OptimConfig
 from ctrflow.embedding.optimizers import KINDS, SparseOptimizer, choose_kind, state_bytes
 from ctrflow.models import embedding_collections
+
+if TYPE_CHECKING:
+    from ctrflow.train.fused import FusedTables
 
 DENSE_OPTIMIZERS = ("adam", "adamw", "sgd")
 SPARSE_OPTIMIZERS = ("auto", *KINDS)
@@ -29,6 +32,7 @@ class Optimizers:
     sparse: torch.optim.Optimizer | None
     sparse_names: list[str]
     base_lrs: tuple[float, float]  # (dense, sparse) before the schedule's factor
+    fused: "FusedTables | None" = None  # fused tables step themselves in backward; lr and state here
 
     def zero_grad(self) -> None:
         """Drop gradients (sparse gradients cannot be zeroed in place)."""
@@ -46,6 +50,8 @@ class Optimizers:
             if opt is not None:
                 for group in opt.param_groups:
                     group["lr"] = base * factor
+        if self.fused is not None:
+            self.fused.set_lr(self.base_lrs[1] * factor)
 
     def all(self) -> list[torch.optim.Optimizer]:
         """The optimizers that exist."""
@@ -54,13 +60,20 @@ class Optimizers:
     def state_dict(self) -> dict[str, Any]:
         """Dense state as torch saves it; sparse state as whole tables by name (topology-independent;
         collective when tables are sharded)."""
-        return {"dense": self.dense.state_dict(), "sparse": self.sparse.state_dict() if self.sparse else {}}
+        sparse = self.sparse.state_dict() if self.sparse else {}
+        if self.fused is not None:  # one format for plain and fused tables: checkpoints cross paths
+            fused = self.fused.state_dict()
+            sparse["kinds"] = {**sparse.get("kinds", {}), **fused["kinds"]}
+            sparse["tables"] = {**sparse.get("tables", {}), **fused["tables"]}
+        return {"dense": self.dense.state_dict(), "sparse": sparse}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Inverse of `state_dict`, on any number of processes."""
         self.dense.load_state_dict(state["dense"])
         if self.sparse is not None:
             self.sparse.load_state_dict(state["sparse"])
+        if self.fused is not None:
+            self.fused.load_state_dict(state["sparse"])
 
 
 def split_parameters(model: nn.Module) -> tuple[list[nn.Parameter], dict[str, nn.Parameter]]:
@@ -74,8 +87,9 @@ def split_parameters(model: nn.Module) -> tuple[list[nn.Parameter], dict[str, nn
     return dense, tables
 
 
-def build_optimizers(model: nn.Module, cfg: OptimConfig) -> Optimizers:
-    """The dense and sparse optimizers `cfg` names, over `model`'s parameters."""
+def build_optimizers(model: nn.Module, cfg: OptimConfig, fused: "FusedTables | None" = None) -> Optimizers:
+    """The dense and sparse optimizers `cfg` names, over `model`'s parameters (fused tables, which
+    have none, step themselves: `fused` carries their learning rate and state)."""
     dense_params, tables = split_parameters(model)
     sparse_lr = cfg.lr if cfg.sparse_lr is None else cfg.sparse_lr
     if cfg.dense == "adam":
@@ -88,7 +102,7 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig) -> Optimizers:
         raise ValueError(f"unknown dense optimizer {cfg.dense!r}; choose one of {', '.join(DENSE_OPTIMIZERS)}")
     # per table: SGD, row-wise Adagrad, Adam or LazyAdam (auto: LazyAdam on large tables, Adam on small)
     sparse = SparseOptimizer(model, cfg.sparse, lr=sparse_lr, large_table_rows=cfg.large_table_rows)
-    return Optimizers(dense, sparse, list(tables), (cfg.lr, sparse_lr))
+    return Optimizers(dense, sparse, list(tables), (cfg.lr, sparse_lr), fused)
 
 
 def sparse_memory(cfg: OptimConfig):

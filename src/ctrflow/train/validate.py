@@ -12,15 +12,17 @@ from ctrflow.train.distributed import Runtime, gather_arrays
 
 
 @torch.no_grad()
-def validate(model: nn.Module, loader: BatchLoader, runtime: Runtime) -> dict[str, float]:
+def validate(model: nn.Module, loader: BatchLoader, runtime: Runtime,
+             amp: torch.dtype | None = None) -> dict[str, float]:
     """`{"auc", "logloss", "rows"}` over every row of `loader` (each process scores its share;
-    the scores are gathered, so every process returns the same numbers)."""
+    the scores are gathered, so every process returns the same numbers); `amp`: autocast dtype."""
     was_training = model.training
     model.eval()
     labels, scores = [], []
     for batch in loader.batches(0):
         batch = batch.to(runtime.device, non_blocking=True)
-        logits = model(batch.dense, batch.sparse)
+        with torch.autocast(runtime.device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            logits = model(batch.dense, batch.sparse)
         scores.append(logits.float().cpu().numpy())  # a device-to-host sync per batch
         labels.append(batch.labels.cpu().numpy())
     model.train(was_training)

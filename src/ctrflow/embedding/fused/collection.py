@@ -114,6 +114,12 @@ class FusedEmbeddingCollection(nn.Module):
             out[t.name] = self.weight[start:start + t.num_embeddings].detach()
         return out
 
+    @torch.no_grad()
+    def load_full_weights(self, tables: dict[str, torch.Tensor]) -> None:
+        """Overwrite every table from whole tables by name (a checkpoint's; any dtype or device)."""
+        for t, start in zip(self.tables, self.offsets.tolist()):
+            self.weight[start:start + t.num_embeddings].copy_(tables[t.name])
+
     @property
     def weights(self) -> dict[str, torch.Tensor]:
         """No trainable parameters: the tables update themselves in backward (see `full_weights`)."""

@@ -1,18 +1,20 @@
-"""`FusedDotInteraction`: DLRM's pairwise dot products in one Triton kernel each way.
+"""`FusedDotInteraction`: DLRM's interaction in one Triton kernel each way.
 
-Same function as `ctrflow.models.layers.DotInteraction` ([B, F, D] -> [B, F(F-1)/2], pairs i < j in
-row-major order). The plain version's `gram[:, rows, cols]` costs a batched matmul plus an
-index-put with accumulation in backward (several ms at batch 65,536); here each sample's Gram matrix
-lives only in registers: forward reads x once and writes the pairs, backward reads x and the pair
-gradients once and writes dx = (G + G^T) x.
+Same function as `ctrflow.models.layers.DotInteraction` (dense [B, D] and embeddings [B, F-1, D] ->
+[B, D + F(F-1)/2 + pad] = [dense, pairs i < j in row-major order, zeros]). The plain version
+concatenates the F vectors, runs a batched matmul, gathers the upper triangle (an index-put with
+accumulation in backward: several ms at batch 65,536) and concatenates again. Here each sample's
+Gram matrix lives only in registers: forward reads dense and embeddings once and writes the top
+MLP's whole input row (dense copy, pairs, zero pad); backward reads them and the row's gradient once
+and writes d_dense = grad[:D] + ((G + G^T) x)[0] and d_embeddings = ((G + G^T) x)[1:].
 """
 
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from ctrflow.embedding.fused import ops
+from ctrflow.models.layers import DotInteraction
 
 if ops.triton is not None:
     import triton
@@ -26,96 +28,114 @@ if ops.triton is not None:
         return pos, (i < j) & (j < F)
 
     @triton.jit
-    def dot_pairs_kernel(x_ptr, out_ptr, batch, F: tl.constexpr, FP: tl.constexpr, D: tl.constexpr,
-                         PAIRS: tl.constexpr, SAMPLES: tl.constexpr, IEEE: tl.constexpr):
-        """out[b] = upper triangle (i < j) of x[b] x[b]^T for SAMPLES samples b."""
-        feats = tl.arange(0, FP)
+    def _load_features(dense_ptr, emb_ptr, b, F: tl.constexpr, FP: tl.constexpr, D: tl.constexpr):
+        """x [FP, D]: row 0 the sample's dense vector, rows 1..F-1 its embeddings, the rest zero."""
+        f = tl.arange(0, FP)[:, None]
+        cols = tl.arange(0, D)[None, :]
+        xd = tl.load(dense_ptr + b * D + cols + f * 0, mask=(f == 0) & (cols < D), other=0.0)
+        xe = tl.load(emb_ptr + b * (F - 1) * D + (f - 1) * D + cols, mask=(f >= 1) & (f < F) & (cols < D),
+                     other=0.0)
+        return xd + xe
+
+    @triton.jit
+    def interaction_kernel(dense_ptr, emb_ptr, out_ptr, batch, F: tl.constexpr, FP: tl.constexpr,
+                           D: tl.constexpr, PAIRS: tl.constexpr, W: tl.constexpr, PADP: tl.constexpr,
+                           SAMPLES: tl.constexpr, IEEE: tl.constexpr):
+        """out[b] = [dense[b], upper triangle (i < j) of x x^T, zeros up to W] for SAMPLES samples b."""
         cols = tl.arange(0, D)
+        tail = D + PAIRS + tl.arange(0, PADP)
         pos, valid = _pair_index(F, FP)
         for s in range(SAMPLES):
             b = tl.program_id(0).to(tl.int64) * SAMPLES + s
             if b < batch:
-                x = tl.load(x_ptr + b * F * D + feats[:, None] * D + cols[None, :], mask=feats[:, None] < F,
-                            other=0.0)
+                x = _load_features(dense_ptr, emb_ptr, b, F, FP, D)
                 if IEEE:
                     gram = tl.dot(x, tl.trans(x), input_precision="ieee")
                 else:
                     gram = tl.dot(x, tl.trans(x))
-                tl.store(out_ptr + b * PAIRS + pos, gram.to(out_ptr.dtype.element_ty), mask=valid)
+                row = out_ptr + b * W
+                tl.store(row + D + pos, gram.to(out_ptr.dtype.element_ty), mask=valid)
+                tl.store(row + cols, tl.load(dense_ptr + b * D + cols).to(out_ptr.dtype.element_ty))
+                tl.store(row + tail, tl.zeros([PADP], dtype=out_ptr.dtype.element_ty), mask=tail < W)
 
     @triton.jit
-    def dot_pairs_backward_kernel(x_ptr, grad_ptr, dx_ptr, grad_stride, batch, F: tl.constexpr,
-                                  FP: tl.constexpr, D: tl.constexpr, PAIRS: tl.constexpr, SAMPLES: tl.constexpr,
-                                  IEEE: tl.constexpr):
-        """dx[b] = (G + G^T) x[b], G [F, F] the pair gradients placed at (i, j), i < j (rows of the
-        pair gradient `grad_stride` apart: it is often a slice of the next layer's input gradient)."""
-        feats = tl.arange(0, FP)
-        cols = tl.arange(0, D)
+    def interaction_backward_kernel(dense_ptr, emb_ptr, grad_ptr, ddense_ptr, demb_ptr, grad_stride, batch,
+                                    F: tl.constexpr, FP: tl.constexpr, D: tl.constexpr, SAMPLES: tl.constexpr,
+                                    IEEE: tl.constexpr):
+        """dx = (G + G^T) x, G [F, F] the pair gradients placed at (i, j), i < j; row 0 of dx plus
+        grad[b, :D] is d_dense[b], rows 1.. are d_embeddings[b] (grad rows `grad_stride` apart)."""
+        f = tl.arange(0, FP)[:, None]
+        cols = tl.arange(0, D)[None, :]
         pos, valid = _pair_index(F, FP)
         for s in range(SAMPLES):
             b = tl.program_id(0).to(tl.int64) * SAMPLES + s
             if b < batch:
-                x = tl.load(x_ptr + b * F * D + feats[:, None] * D + cols[None, :], mask=feats[:, None] < F,
-                            other=0.0)
-                g = tl.load(grad_ptr + b * grad_stride + pos, mask=valid, other=0.0).to(tl.float32)
+                x = _load_features(dense_ptr, emb_ptr, b, F, FP, D)
+                g = tl.load(grad_ptr + b * grad_stride + D + pos, mask=valid, other=0.0).to(tl.float32)
                 sym = (g + tl.trans(g)).to(x.dtype)  # one nonzero term per entry: exact in bf16
                 if IEEE:
                     dx = tl.dot(sym, x, input_precision="ieee")
                 else:
                     dx = tl.dot(sym, x)
-                tl.store(dx_ptr + b * F * D + feats[:, None] * D + cols[None, :], dx.to(dx_ptr.dtype.element_ty),
-                         mask=feats[:, None] < F)
+                first = f == 0
+                dx += tl.load(grad_ptr + b * grad_stride + cols + f * 0, mask=first, other=0.0).to(tl.float32)
+                tl.store(ddense_ptr + b * D + cols + f * 0, dx.to(ddense_ptr.dtype.element_ty), mask=first)
+                tl.store(demb_ptr + b * (F - 1) * D + (f - 1) * D + cols, dx.to(demb_ptr.dtype.element_ty),
+                         mask=(f >= 1) & (f < F))
 
 
 _SAMPLES = 8
 
 
-def _launch(kernel, batch: int, *tensors, features: int, dim: int, ieee: bool) -> None:
-    kernel[(triton.cdiv(batch, _SAMPLES),)](
-        *tensors, batch, F=features, FP=max(16, triton.next_power_of_2(features)), D=dim,
-        PAIRS=features * (features - 1) // 2, SAMPLES=_SAMPLES, IEEE=ieee, num_warps=4)
+def _block(features: int) -> int:
+    return max(16, triton.next_power_of_2(features))
 
 
-class _DotPairs(torch.autograd.Function):
+class _Interact(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor):
-        x = x.contiguous()
-        batch, features, dim = x.shape
-        out = torch.empty(batch, features * (features - 1) // 2, dtype=x.dtype, device=x.device)
-        _launch(dot_pairs_kernel, batch, x, out, features=features, dim=dim, ieee=x.dtype == torch.float32)
-        ctx.save_for_backward(x)
+    def forward(ctx, dense: torch.Tensor, embedded: torch.Tensor, width: int):
+        dense, embedded = dense.contiguous(), embedded.contiguous()
+        batch, others, dim = embedded.shape
+        features = others + 1
+        pairs = features * (features - 1) // 2
+        out = torch.empty(batch, width, dtype=embedded.dtype, device=embedded.device)
+        interaction_kernel[(triton.cdiv(batch, _SAMPLES),)](
+            dense, embedded, out, batch, F=features, FP=_block(features), D=dim, PAIRS=pairs, W=width,
+            PADP=triton.next_power_of_2(max(width - dim - pairs, 1)), SAMPLES=_SAMPLES,
+            IEEE=embedded.dtype == torch.float32, num_warps=4)
+        ctx.save_for_backward(dense, embedded)
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        (x,) = ctx.saved_tensors
-        batch, features, dim = x.shape
-        dx = torch.empty_like(x)
+        dense, embedded = ctx.saved_tensors
+        batch, others, dim = embedded.shape
         if grad.stride(1) != 1:
             grad = grad.contiguous()
-        _launch(dot_pairs_backward_kernel, batch, x, grad, dx, grad.stride(0), features=features, dim=dim,
-                ieee=x.dtype == torch.float32)
-        return dx
+        d_dense, d_embedded = torch.empty_like(dense), torch.empty_like(embedded)
+        interaction_backward_kernel[(triton.cdiv(batch, _SAMPLES),)](
+            dense, embedded, grad, d_dense, d_embedded, grad.stride(0), batch, F=others + 1,
+            FP=_block(others + 1), D=dim, SAMPLES=_SAMPLES, IEEE=embedded.dtype == torch.float32, num_warps=4)
+        return d_dense, d_embedded, None
 
 
-class FusedDotInteraction(nn.Module):
-    """Drop-in for `DotInteraction(num_features)`: [B, F, D] -> [B, F(F-1)/2] (torch path off CUDA).
+class FusedDotInteraction(DotInteraction):
+    """Drop-in for `DotInteraction(num_features, dim, pad_multiple)` (torch path off CUDA).
 
-    Needs D a power of two (a Triton block); other shapes take the torch path.
+    Needs D a power of two of at least 16 (a Triton block); other shapes take the torch path.
     """
 
-    def __init__(self, num_features: int):
-        super().__init__()
-        rows, cols = torch.triu_indices(num_features, num_features, offset=1)
-        self.register_buffer("rows", rows, persistent=False)
-        self.register_buffer("cols", cols, persistent=False)
-        self.out_features = rows.numel()
+    @classmethod
+    def from_plain(cls, plain: DotInteraction) -> "FusedDotInteraction":
+        """The fused twin of a model's own interaction (no weights to copy)."""
+        return cls(plain.num_features, plain.dim, plain.pad_multiple)
 
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        if torch.is_autocast_enabled(features.device.type) and features.is_floating_point():
-            features = features.to(torch.get_autocast_dtype(features.device.type))  # as bmm under autocast
-        dim = features.shape[2]
-        if ops.uses_kernels(features) and dim >= 16 and dim & (dim - 1) == 0:
-            return _DotPairs.apply(features)
-        gram = torch.bmm(features, features.transpose(1, 2))  # [B, F, F]
-        return gram[:, self.rows, self.cols]
+    def forward(self, dense: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
+        dim = embedded.shape[2]
+        if not (ops.uses_kernels(embedded) and dim >= 16 and dim & (dim - 1) == 0):
+            return super().forward(dense, embedded)
+        if torch.is_autocast_enabled(embedded.device.type):
+            dtype = torch.get_autocast_dtype(embedded.device.type)  # as bmm under autocast
+        else:
+            dtype = torch.promote_types(dense.dtype, embedded.dtype)
+        return _Interact.apply(dense.to(dtype), embedded.to(dtype), self.out_features)

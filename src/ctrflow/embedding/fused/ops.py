@@ -65,18 +65,23 @@ def update_rows(ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor, we
     Repeated rows are summed first (as a sparse gradient would be), then stepped once.
     `scratch` keeps the fp32 sum buffer between calls (the update kernel leaves it zeroed).
     """
-    dim = weight.shape[1]
     rows = (ids + offsets).reshape(-1)
-    grad3 = grad  # [B, F, D], maybe a strided view (a slice of the interaction's input gradient)
-    grad = grad.reshape(-1, dim)
     if state.optimizer == "adam":
         state.hyper[1].add_(1.0)
-    if not uses_kernels(weight):
-        unique, inverse = torch.unique(rows, return_inverse=True)
-        summed = torch.zeros(unique.numel(), dim, dtype=torch.float32, device=grad.device)
-        summed.index_add_(0, inverse, grad.float())
-        apply_reference(unique, summed, weight, state)
+    if uses_kernels(weight):
+        _update_rows_triton(rows, ids.shape[1], grad, weight, state, scratch, pre_reduce)
         return
+    unique, inverse = torch.unique(rows, return_inverse=True)
+    summed = torch.zeros(unique.numel(), weight.shape[1], dtype=torch.float32, device=grad.device)
+    summed.index_add_(0, inverse, grad.reshape(-1, weight.shape[1]).float())
+    apply_reference(unique, summed, weight, state)
+
+
+def _update_rows_triton(rows: torch.Tensor, features: int, grad3: torch.Tensor, weight: torch.Tensor,
+                        state: RowState, scratch: dict, pre_reduce: bool) -> None:
+    """`update_rows` on the GPU: rows [N] (global), grad3 [B, F, D], maybe a strided view (a slice
+    of the interaction's input gradient). Sort, number the distinct rows, two kernels (one for SGD)."""
+    dim = weight.shape[1]
     # int32 keys sort in half the passes of int64 ones
     keys = rows.to(torch.int32) if weight.shape[0] < 2**31 else rows
     sorted_rows, order = torch.sort(keys)
@@ -95,7 +100,7 @@ def update_rows(ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor, we
         grad3 = grad3.contiguous()
     block_n = 64 if pre_reduce else 32
     kernels.accumulate_segments_kernel[(triton.cdiv(n_items, block_n),)](
-        sorted_rows, order, slot, grad3, acc, unique_rows, weight, state.hyper, n_items, ids.shape[1],
+        sorted_rows, order, slot, grad3, acc, unique_rows, weight, state.hyper, n_items, features,
         grad3.stride(0), grad3.stride(1), D=dim, BLOCK_D=block_d, BLOCK_N=block_n, PRE_REDUCE=pre_reduce,
         GRAD_IS_BF16=grad3.dtype == torch.bfloat16, DIRECT_SGD=direct, num_warps=4)
     if direct:

@@ -2,9 +2,11 @@
 
 The serving venv (`scripts/setup_triton.sh`) holds the binary, the python backend, one backend stub
 per Python version and the packages a repository's python models import. The server gets a backend
-directory of its own with the stub that matches the venv's Python, free loopback ports, no metrics
-port and a shared-memory prefix of its own, so several servers can run side by side.
-Used by the integration tests and by `benchmarks/serve_latency.py`.
+directory of its own with the stub that matches the venv's Python, loopback ports (free ones unless
+given), no metrics port and a shared-memory prefix of its own, so several servers can run side by
+side. Used by `ctrflow serve`, the integration tests and `benchmarks/serve_latency.py`.
+That binary has the python backend only: it serves `ctrflow export --backend python` repositories;
+onnxruntime and pytorch ones need a full Triton build (docker/).
 """
 
 from __future__ import annotations
@@ -19,14 +21,19 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+CHECKOUT = Path(__file__).resolve().parents[3]  # the source checkout, for an editable install
 VENV_ENV = "CTRFLOW_TRITON_VENV"
+VENV_NAME = ".venv-triton"  # where scripts/setup_triton.sh puts it by default
 
 
 def find_serving_venv() -> Path | None:
-    """The serving venv: `$CTRFLOW_TRITON_VENV`, else `.venv-triton` in the repo; None when absent."""
-    venv = Path(os.environ.get(VENV_ENV) or REPO / ".venv-triton")
-    return venv if pytriton_root(venv) is not None else None
+    """The serving venv: `$CTRFLOW_TRITON_VENV` when set, else `.venv-triton` in the current
+    directory or in ctrflow's checkout; None when none holds the tritonserver binary."""
+    if os.environ.get(VENV_ENV):
+        candidates = [Path(os.environ[VENV_ENV])]
+    else:
+        candidates = [Path.cwd() / VENV_NAME, CHECKOUT / VENV_NAME]
+    return next((venv for venv in candidates if pytriton_root(venv) is not None), None)
 
 
 def pytriton_root(venv: Path) -> Path | None:
@@ -78,13 +85,14 @@ class TritonServer:
     `url` is `host:port` of its HTTP endpoint; `log()` is what it printed so far.
     """
 
-    def __init__(self, repository: Path, venv: Path, workdir: Path, threads: int = 1) -> None:
-        self.repository = Path(repository)
+    def __init__(self, repository: Path, venv: Path, workdir: Path, threads: int = 1,
+                 http_port: int | None = None, grpc_port: int | None = None) -> None:
+        self.repository = Path(repository).resolve()
         self.venv = Path(venv)
         self.workdir = Path(workdir)
         self.threads = threads
-        self.http_port = free_port()
-        self.grpc_port = free_port()
+        self.http_port = http_port or free_port()
+        self.grpc_port = grpc_port or free_port()
         self.url = f"127.0.0.1:{self.http_port}"
         self.process: subprocess.Popen | None = None
         self.log_path = self.workdir / "tritonserver.log"
@@ -133,6 +141,7 @@ class TritonServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                self.stop()  # only cleans up: it has exited
                 raise RuntimeError(f"tritonserver exited with {self.process.returncode}:\n{self.log()[-4000:]}")
             if self.is_ready():
                 return
@@ -155,14 +164,15 @@ class TritonServer:
     def stop(self, grace: float = 30.0) -> None:
         """SIGINT (graceful: models unload, stubs exit), then SIGKILL to its process group;
         its shared-memory regions go too."""
-        if self.process is None or self.process.poll() is not None:
+        if self.process is None:
             return
-        self.process.send_signal(signal.SIGINT)
-        try:
-            self.process.wait(grace)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)  # its own session: only its stubs
-            self.process.wait(10)
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(grace)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)  # its own session: only its stubs
+                self.process.wait(10)
         for region in Path("/dev/shm").glob(f"{self.shm_prefix}*"):  # left behind by a killed stub
             region.unlink(missing_ok=True)
 

@@ -1,0 +1,74 @@
+"""`ctrflow train --embedding fused` (the fused collection's torch version on the CPU): it learns,
+its checkpoints load on the plain path, and a resumed run continues the same trajectory."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from ctrflow.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
+from ctrflow.embedding.fused import FusedEmbeddingCollection
+from ctrflow.errors import UserError
+from ctrflow.train import fused as fused_path
+from ctrflow.train.checkpoint import load_model, resolve_checkpoint
+from ctrflow.train.distributed import Runtime
+from ctrflow.train.loop import train
+from train_fixtures import one_thread, write_processed  # noqa: F401 (autouse fixture)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return write_processed(tmp_path_factory.mktemp("processed"), train_rows=2048, valid_rows=512, cardinality=30)
+
+
+def config(data_dir, out, **kw) -> TrainConfig:
+    return TrainConfig(out=str(out), data=DataConfig(path=str(data_dir), batch_size=256, prefetch=2),
+                       model=ModelConfig(name="dlrm", embedding_dim=16), embedding="fused", progress=False,
+                       log_every=1, epochs=3, deterministic=True, **kw)
+
+
+def losses(out) -> dict[int, float]:
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if "loss" in r}
+
+
+def test_fused_run_learns_and_its_checkpoint_loads_on_the_plain_path(data_dir, tmp_path):
+    out = tmp_path / "fused"
+    summary = train(config(data_dir, out, max_steps=16))
+    assert summary["valid_auc"] > 0.55  # above chance after 16 small steps
+    model, _schema, meta = load_model(out)  # evaluate/export's reader: a plain CPU model
+    saved = torch.load(resolve_checkpoint(out) / "model.pt", weights_only=True)["tables"]
+    assert meta["step"] == 16 and len(saved) == 26
+    torch.testing.assert_close(model.embeddings.full_weights()["t_C1"], saved["embeddings.t_C1"])
+    optim = torch.load(resolve_checkpoint(out) / "optimizer.pt", weights_only=True)["sparse"]
+    assert optim["kinds"]["t_C1"] == "lazy_adam" and optim["tables"]["t_C1"]["exp_avg"].shape == (30, 16)
+
+
+def test_fused_resume_continues_the_same_trajectory(data_dir, tmp_path):
+    straight, first, resumed = tmp_path / "straight", tmp_path / "first", tmp_path / "resumed"
+    train(config(data_dir, straight, max_steps=10))
+    train(config(data_dir, first, max_steps=6))
+    train(config(data_dir, resumed, max_steps=10, resume=str(first)))
+    expected, got = losses(straight), losses(resumed)
+    for step in range(7, 11):
+        assert got[step] == pytest.approx(expected[step], rel=1e-5), step
+
+
+def test_fused_path_takes_its_own_optimizer_state_and_refuses_what_it_lacks(data_dir, tmp_path):
+    cfg = config(data_dir, tmp_path / "x", optim=OptimConfig(sparse="adagrad"))
+    runtime = Runtime(0, 1, 0, torch.device("cpu"))
+    assert fused_path.use_fused(cfg, runtime)
+    from ctrflow.models import build_model
+
+    model = build_model("deepfm", [30] * 26, 16)
+    found = fused_path.apply_fused(model, cfg.optim, torch.device("cpu"), None)
+    assert list(found) == ["embeddings"]  # the dim-1 first-order tables stay plain
+    assert isinstance(model.embeddings, FusedEmbeddingCollection)
+    assert model.embeddings.row_state.optimizer == "rowwise_adagrad"
+    with pytest.raises(UserError, match="adam"):
+        fused_path.use_fused(config(data_dir, tmp_path / "y", optim=OptimConfig(sparse="adam")), runtime)
+    auto = dataclasses.replace(config(data_dir, tmp_path / "z"), embedding="auto")
+    assert not fused_path.use_fused(auto, runtime)  # auto: the CPU stays on the plain path
