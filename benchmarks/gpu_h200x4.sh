@@ -15,6 +15,9 @@ for dim in 128 256; do
     echo "rc $?"; grep -v "^\s*$" "$OUT/scale_d${dim}_n${n}.err" | tail -4 | cut -c1-300
   done
 done
+echo "== fused training test (one GPU)"
+CUDA_VISIBLE_DEVICES=0 timeout ${FUSED_LIMIT:-60} python3 -m pytest -q tests/gpu/test_train_fused.py -p no:cacheprovider \
+  2>&1 | tee "$OUT/fused_train_test.txt" | tail -4
 echo "== NCCL parity tests"
 timeout ${TEST_LIMIT:-210} python3 -m pytest -q tests/gpu/test_sharded_nccl.py -p no:cacheprovider 2>&1 \
   | tee "$OUT/nccl_tests.txt" | tail -12

@@ -1,6 +1,7 @@
 """Preprocess speed vs pyarrow merely parsing the same file; prints one JSON line.
 
     python benchmarks/preprocess.py [--rows 1000000] [--workers N] [--hugectr-script PATH]
+                                    [--engine cpu|torch|cudf] [--device cuda|cpu]
 
 Synthetic Criteo-format rows (`ctrflow.data.synth`; a plain numpy generator where that is absent)
 are written once to a work directory. Then, in the same run: pyarrow.csv.read_csv of the file
@@ -135,6 +136,15 @@ def run_hugectr(script: str, raw: Path, work: Path) -> float:
     return time.perf_counter() - start
 
 
+def gpu_name(args) -> str | None:
+    """The GPU the torch engine ran on (torch imported only for that engine)."""
+    if args.engine != "torch" or not args.device.startswith("cuda"):
+        return None
+    import torch
+
+    return torch.cuda.get_device_name(torch.device(args.device))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse flags, write the input once, time both, print one JSON line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -144,6 +154,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=2, help="best of this many timings of each")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", default=None, help="keep the input and outputs here")
+    parser.add_argument("--engine", default="cpu", help="preprocess --engine (cpu, torch, cudf)")
+    parser.add_argument("--device", default="cuda", help="torch device of --engine torch")
     parser.add_argument("--hugectr-script", default=None,
                         help="HugeCTR's tools/criteo_script/preprocess.py, run on the same file")
     args = parser.parse_args(argv)
@@ -157,6 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     runs = []
     for _ in range(args.repeats):
         wall, cpu, peak = measure(lambda: preprocess([str(raw)], out=out, workers=args.workers, progress=False,
+                                                     engine=args.engine, device=args.device,
                                                      **({"chunk_rows": args.chunk_rows} if args.chunk_rows else {})))
         runs.append((wall, cpu, peak, json.loads((out / "stats.json").read_text())))
     peak = max(r[2] for r in runs)
@@ -170,6 +183,7 @@ def main(argv: list[str] | None = None) -> None:
         "preprocess_cpu_seconds": round(cpu, 3), "pyarrow_parse_cpu_seconds": round(parse[1], 3),
         "passes": stats["passes"], "peak_pss_mb": round(peak / 2 ** 20, 1),
         "distinct_values": sum(c.get("distinct_train", 0) for c in stats["columns"].values()),
+        "engine": args.engine, "device": args.device if args.engine == "torch" else None, "gpu": gpu_name(args),
         "workers": stats["workers"], "chunk_rows": stats["chunk_rows"], "cpus": os.cpu_count(), "machine": platform.node(),
         "load_average_1m": round(os.getloadavg()[0], 2),
     }

@@ -1,35 +1,75 @@
-"""`ctrflow preprocess` as a component: raw day files -> Parquet, schema, vocabularies."""
+"""`ctrflow preprocess` fanned out per input file: count (each file) -> merge -> transform (each
+file) -> finalize, giving exactly the single-process output (`ctrflow.data.fanout`). No tracking
+inputs, so KFP can cache every task; `track_data` logs the result to MLflow."""
+
+from typing import List
 
 from kfp import dsl
-from kfp.dsl import Dataset, Input, Output
+from kfp.dsl import Artifact, Dataset, Input, Output
 
 from components.image import TRAIN_IMAGE
 
 
 @dsl.component(base_image=TRAIN_IMAGE, install_kfp_package=False)
-def preprocess(raw: Input[Dataset], train_files: str, valid_files: str, data: Output[Dataset],
-               freq_threshold: int = 6, valid_fraction: float = 0.0, on_bad_rows: str = "error",
-               tracking_uri: str = "", experiment: str = "ctrflow", parent_run_id: str = "",
-               kfp_run_id: str = ""):
-    """Preprocess the files of the `raw` folder matching `train_files` / `valid_files` (comma-separated
-    glob patterns); with no valid files, `valid_fraction` of the training rows are held out.
+def count_values(raw: Input[Dataset], file: dict, counts: Output[Artifact], seed: int = 0,
+                 on_bad_rows: str = "error"):
+    """The fit pass over one file of `raw` (`file` is an item of `raw_data`'s list) into `counts`."""
+    import os
+    from pathlib import Path
+
+    from ctrflow.cli import main
+
+    argv = ["preprocess", "count", "--input", str(Path(raw.path) / file["name"]),
+            "--file-index", str(int(float(file["index"]))), "--split", file["split"], "--seed", str(seed),
+            "--on-bad-rows", on_bad_rows, "--workers", str(len(os.sched_getaffinity(0))), "--out", counts.path]
+    if float(file["valid_fraction"]) > 0:
+        argv += ["--valid-fraction", str(float(file["valid_fraction"]))]
+    if main(argv) != 0:
+        raise RuntimeError(f"ctrflow {' '.join(argv)} failed")
+
+
+@dsl.component(base_image=TRAIN_IMAGE, install_kfp_package=False)
+def merge_counts(counts: Input[List[Artifact]], vocab: Output[Artifact], freq_threshold: int = 6):
+    """Every file's counts -> the vocabularies and the part numbering, in `vocab`."""
+    from ctrflow.cli import main
+
+    argv = ["preprocess", "merge", "--counts", *[c.path for c in counts], "--out", vocab.path,
+            "--freq-threshold", str(freq_threshold)]
+    if main(argv) != 0:
+        raise RuntimeError(f"ctrflow {' '.join(argv)} failed")
+
+
+@dsl.component(base_image=TRAIN_IMAGE, install_kfp_package=False)
+def transform_file(raw: Input[Dataset], file: dict, vocab: Input[Artifact], parts: Output[Artifact],
+                   seed: int = 0, on_bad_rows: str = "error"):
+    """One file of `raw` -> its Parquet parts in `parts`, numbered as a single run numbers them."""
+    import os
+    from pathlib import Path
+
+    from ctrflow.cli import main
+
+    argv = ["preprocess", "transform", "--input", str(Path(raw.path) / file["name"]),
+            "--file-index", str(int(float(file["index"]))), "--split", file["split"], "--seed", str(seed),
+            "--on-bad-rows", on_bad_rows, "--workers", str(len(os.sched_getaffinity(0))),
+            "--vocab", vocab.path, "--out", parts.path]
+    if float(file["valid_fraction"]) > 0:
+        argv += ["--valid-fraction", str(float(file["valid_fraction"]))]
+    if main(argv) != 0:
+        raise RuntimeError(f"ctrflow {' '.join(argv)} failed")
+
+
+@dsl.component(base_image=TRAIN_IMAGE, install_kfp_package=False)
+def finalize_data(counts: Input[List[Artifact]], vocab: Input[Artifact], parts: Input[List[Artifact]],
+                  data: Output[Dataset]):
+    """Assemble the processed dataset (Parquet, schema.json, vocab/, stats.json) in `data`.
     Metadata: rows per split, cardinalities, threshold, vocabulary hash."""
     import json
     from pathlib import Path
 
     from ctrflow.cli import main
-    from ctrflow.tracking import tracking_argv
 
-    def patterns(names: str) -> list:
-        return [str(Path(raw.path) / p.strip()) for p in names.split(",") if p.strip()]
-
-    argv = ["preprocess", "--train", *patterns(train_files), "--out", data.path,
-            "--freq-threshold", str(freq_threshold), "--on-bad-rows", on_bad_rows, "--no-progress"]
-    if patterns(valid_files):
-        argv += ["--valid", *patterns(valid_files)]
-    elif valid_fraction > 0:
-        argv += ["--valid-fraction", str(valid_fraction)]
-    argv += tracking_argv(tracking_uri, experiment, parent_run_id, {"kfp.run_id": kfp_run_id})
+    argv = ["preprocess", "finalize", "--counts", *[c.path for c in counts], "--vocab", vocab.path,
+            "--parts", *[p.path for p in parts], "--out", data.path]
     if main(argv) != 0:
         raise RuntimeError(f"ctrflow {' '.join(argv)} failed")
     schema = json.loads((Path(data.path) / "schema.json").read_text())

@@ -1,4 +1,4 @@
-"""Shared test setup: tracking off unless a test asks for it, GPU tests skipped without CUDA."""
+"""Shared test setup: GPU tests skipped without CUDA, the real Criteo rows from ../shared."""
 
 from __future__ import annotations
 
@@ -8,13 +8,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 CRITEO = REPO.parent / "shared" / "data" / "criteo"  # real rows: read from ../shared, never copied
-
-
-@pytest.fixture(autouse=True)
-def _tracking_off(monkeypatch, request):
-    """Unit tests never write an MLflow store; integration tests set their own URI."""
-    if "integration" not in request.keywords:
-        monkeypatch.setenv("MLFLOW_TRACKING_URI", "none")
 
 
 def pytest_collection_modifyitems(config, items):

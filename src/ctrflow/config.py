@@ -43,7 +43,9 @@ class OptimConfig:
     dense: str = "adam"  # adam | adamw | sgd
     lr: float = 1e-3
     sparse: str = "auto"  # embedding tables: auto (lazy_adam on large, adam on small) | sgd | adagrad | adam | lazy_adam
-    large_table_rows: int = 100_000  # auto: tables with at least this many rows get lazy_adam
+    # auto: tables of at least this many rows get lazy_adam (only touched rows move), smaller ones
+    # dense adam, whose O(rows) step costs no more than a batch of lookups there
+    large_table_rows: int = 1_000
     sparse_lr: float | None = 0.01  # None: same as lr
     weight_decay: float = 0.0  # dense only
     warmup_steps: int = 0  # linear warmup from 0

@@ -28,11 +28,11 @@ def config(data, out, **kw) -> TrainConfig:
 
 
 def test_gpu_train_defaults_to_fused_and_matches_the_plain_path(tmp_path, capsys):
-    data = write_processed(tmp_path / "data", train_rows=1024 * 30, valid_rows=8192, cardinality=2000)
+    data = write_processed(tmp_path / "data", train_rows=1024 * 30, valid_rows=8192, cardinality=60)
     fast = train(config(data, tmp_path / "fast"))
     assert "fused tables, bf16 autocast" in capsys.readouterr().out
     plain = train(config(data, tmp_path / "plain", embedding="plain", precision="fp32"))
-    assert fast["valid_auc"] > 0.7
+    assert fast["valid_auc"] > 0.6
     assert abs(fast["valid_auc"] - plain["valid_auc"]) < 0.01, (fast, plain)
     model, _schema, _meta = load_model(tmp_path / "fast")  # CPU, plain, fp32: what evaluate/export read
     batch = next(BatchLoader(ParquetDataset(data, "valid"), 4096, shuffle=False, drop_last=False,

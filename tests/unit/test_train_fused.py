@@ -12,6 +12,7 @@ import torch
 from ctrflow.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
 from ctrflow.embedding.fused import FusedEmbeddingCollection
 from ctrflow.errors import UserError
+from ctrflow.models import build_model
 from ctrflow.train import fused as fused_path
 from ctrflow.train.checkpoint import load_model, resolve_checkpoint
 from ctrflow.train.distributed import Runtime
@@ -61,8 +62,6 @@ def test_fused_path_takes_its_own_optimizer_state_and_refuses_what_it_lacks(data
     cfg = config(data_dir, tmp_path / "x", optim=OptimConfig(sparse="adagrad"))
     runtime = Runtime(0, 1, 0, torch.device("cpu"))
     assert fused_path.use_fused(cfg, runtime)
-    from ctrflow.models import build_model
-
     model = build_model("deepfm", [30] * 26, 16)
     found = fused_path.apply_fused(model, cfg.optim, torch.device("cpu"), None)
     assert list(found) == ["embeddings"]  # the dim-1 first-order tables stay plain

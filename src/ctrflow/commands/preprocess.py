@@ -1,27 +1,87 @@
-"""`ctrflow preprocess`: raw Criteo TSV (plain or gzip, globs) → Parquet + schema + vocabularies."""
+"""`ctrflow preprocess`: raw Criteo TSV (plain or gzip, globs) → Parquet + schema + vocabularies.
+
+`ctrflow preprocess --train ... --out DIR` does everything in one process tree. For many machines the
+same work is split per input file (`ctrflow.data.fanout`): `count` (each file) → `merge` → `transform`
+(each file) → `finalize`, with the same output.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 
+from ctrflow.errors import UserError
 from ctrflow.tracking import add_tracking_flags, tracker_from_args
+
+ACTIONS = {
+    "count": "per-file fan-out, step 1: count one file's values into COUNTS_DIR",
+    "merge": "step 2: merge every COUNTS_DIR into the vocabularies and the part numbering",
+    "transform": "step 3: one file -> Parquet parts, numbered as a single run numbers them",
+    "finalize": "step 4: vocabulary + parts + counts -> the dataset (schema.json, stats.json)",
+}
+
+
+def _engine_flags(parser: argparse.ArgumentParser) -> None:
+    from ctrflow.data.engines import ENGINES
+
+    parser.add_argument("--engine", default="cpu", choices=ENGINES,
+                        help="categorify/dense engine: cpu (numpy), torch (on --device, after CPU parsing), cudf")
+    parser.add_argument("--device", default="cuda", help="torch device of --engine torch (cuda, cuda:1, cpu)")
+
+
+def _file_flags(parser: argparse.ArgumentParser, chunk_rows: int) -> None:
+    parser.add_argument("--input", required=True, metavar="FILE", help="one raw file (plain or gzip)")
+    parser.add_argument("--file-index", "--part-index", dest="file_index", type=int, default=0,
+                        help="the file's position in the input order (train files first, then valid)")
+    parser.add_argument("--split", default="train", choices=["train", "valid"], help="which split the file feeds")
+    parser.add_argument("--valid-fraction", type=float, default=None,
+                        help="train files: send this fraction of rows to valid (seeded per row and file index)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the --valid-fraction split")
+    parser.add_argument("--chunk-rows", type=int, default=chunk_rows, help="rows per block (same in every step)")
+    parser.add_argument("--on-bad-rows", default="error", choices=["error", "skip"])
+    parser.add_argument("--workers", type=int, default=1, help="worker processes for this file")
+    _engine_flags(parser)
+
+
+def _configure_actions(parser: argparse.ArgumentParser) -> None:
+    from ctrflow.data.preprocess import COMPRESSIONS, DEFAULT_CHUNK_ROWS, DEFAULT_COMPRESSION
+
+    actions = parser.add_subparsers(dest="action", metavar="[count|merge|transform|finalize]")
+    count = actions.add_parser("count", help=ACTIONS["count"], description=ACTIONS["count"])
+    _file_flags(count, DEFAULT_CHUNK_ROWS)
+    count.add_argument("--out", required=True, metavar="COUNTS_DIR")
+    merge = actions.add_parser("merge", help=ACTIONS["merge"], description=ACTIONS["merge"])
+    merge.add_argument("--counts", nargs="+", required=True, metavar="COUNTS_DIR")
+    merge.add_argument("--out", required=True, metavar="MERGED_DIR")
+    merge.add_argument("--freq-threshold", type=int, default=6)
+    merge.add_argument("--workers", type=int, default=1, help="threads merging columns")
+    transform = actions.add_parser("transform", help=ACTIONS["transform"], description=ACTIONS["transform"])
+    _file_flags(transform, DEFAULT_CHUNK_ROWS)
+    transform.add_argument("--vocab", required=True, metavar="MERGED_DIR", help="the merge step's output")
+    transform.add_argument("--out", required=True, metavar="PARTS_DIR")
+    transform.add_argument("--compression", default=DEFAULT_COMPRESSION, choices=COMPRESSIONS)
+    finalize = actions.add_parser("finalize", help=ACTIONS["finalize"], description=ACTIONS["finalize"])
+    finalize.add_argument("--counts", nargs="+", required=True, metavar="COUNTS_DIR")
+    finalize.add_argument("--vocab", required=True, metavar="MERGED_DIR")
+    finalize.add_argument("--parts", nargs="+", required=True, metavar="PARTS_DIR")
+    finalize.add_argument("--out", required=True, metavar="DIR")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Flags of the preprocess step (names are a contract: see ARCHITECTURE.md)."""
+    """Flags of the preprocess step (names are a contract: see ARCHITECTURE.md) and its fan-out actions."""
     from ctrflow.data.preprocess import COMPRESSIONS, DEFAULT_CHUNK_ROWS, DEFAULT_COMPRESSION
 
-    parser.add_argument("--train", nargs="+", required=True, metavar="FILE",
+    # --train/--out are required for the single run; checked in `run` so that the actions parse
+    parser.add_argument("--train", nargs="+", default=[], metavar="FILE",
                         help="training files or glob patterns (40 columns: label, I1..I13, C1..C26)")
     parser.add_argument("--valid", nargs="+", default=[], metavar="FILE",
                         help="validation files or glob patterns")
-    parser.add_argument("--out", required=True, help="output directory (replaced atomically)")
+    parser.add_argument("--out", default=None, help="output directory (replaced atomically)")
     parser.add_argument("--freq-threshold", type=int, default=6,
                         help="a value needs this many occurrences in the training split to get its own id")
     parser.add_argument("--valid-fraction", type=float, default=None,
                         help="without --valid: send this fraction of the training rows to valid (seeded, per row)")
-    parser.add_argument("--engine", default="cpu", choices=["cpu"], help="preprocessing engine")
+    _engine_flags(parser)
     parser.add_argument("--workers", type=int, default=None, help="worker processes (default: all cores)")
     parser.add_argument("--on-bad-rows", default="error", choices=["error", "skip"],
                         help="stop at the first malformed row, or skip it and list it in DIR/rejected.tsv")
@@ -33,17 +93,43 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress bar (default: on a terminal, off in CI)")
     add_tracking_flags(parser)
+    _configure_actions(parser)
+
+
+def _run_action(args: argparse.Namespace) -> dict:
+    from ctrflow.data import fanout
+
+    per_file = {} if args.action in ("merge", "finalize") else dict(
+        file_index=args.file_index, split=args.split, valid_fraction=args.valid_fraction, seed=args.seed,
+        chunk_rows=args.chunk_rows, on_bad_rows=args.on_bad_rows, workers=args.workers, engine=args.engine,
+        device=args.device)
+    if args.action == "count":
+        summary = fanout.count_file(args.input, args.out, **per_file)
+        return {"out": args.out, "file_index": args.file_index, **summary["stats"]}
+    if args.action == "merge":
+        merged = fanout.merge_counts(args.counts, args.out, args.freq_threshold, args.workers)
+        return {"out": args.out, "files": merged["files"]}
+    if args.action == "transform":
+        return {"out": args.out, **fanout.transform_file(args.input, args.vocab, args.out,
+                                                         compression=args.compression, **per_file)}
+    return fanout.finalize(args.out, args.counts, args.vocab, args.parts)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the step; prints a one-line JSON summary."""
+    """Run the step (or one fan-out action); prints a one-line JSON summary."""
     from ctrflow.data.preprocess import preprocess
 
+    if getattr(args, "action", None):
+        summary = _run_action(args)
+        print(json.dumps({k: v for k, v in summary.items() if k != "cardinalities"}))
+        return 0
+    if not args.train or not args.out:
+        raise UserError("give --train FILE... and --out DIR (or one of: count, merge, transform, finalize)")
     with tracker_from_args(args, "preprocess") as tracker:
         summary = preprocess(args.train, args.valid, args.out, freq_threshold=args.freq_threshold,
                              valid_fraction=args.valid_fraction, workers=args.workers,
                              on_bad_rows=args.on_bad_rows, engine=args.engine, seed=args.seed,
                              tracker=tracker, chunk_rows=args.chunk_rows, progress=args.progress,
-                             compression=args.compression)
+                             compression=args.compression, device=args.device)
     print(json.dumps({k: summary[k] for k in ("out", "rows", "rows_read", "rows_rejected", "seconds")}))
     return 0

@@ -1,6 +1,7 @@
 """Value counts of the categorical columns, out of core: merged across blocks, files and workers.
 
-Each worker counts its blocks in memory (a sort per block) and, when it holds more than
+Each worker counts its blocks in memory (each block's distinct keys and counts, from the hash
+factorization that also gives the cache its codes) and, when it holds more than
 `spill_entries` (value, count) pairs, merges them (hash group-by) into a run file sorted by a mixed
 key and starts afresh; so a worker's memory is bounded whatever the input size. At the end each
 column's runs are merged range by range of the mixed key (`range_entries` pairs at a time), keeping
@@ -17,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ctrflow.data.engines import CpuEngine
 from ctrflow.data.schema import SPARSE
 from ctrflow.data.vocab import keys_to_strings
 
@@ -24,6 +26,7 @@ SPILL_ENTRIES = 1 << 20  # (value, count) pairs a worker holds before writing a 
 RANGE_ENTRIES = 1 << 20  # pairs of one column merged at once at the end
 _M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # splitmix64: a bijection that spreads keys evenly
 _INV1, _INV2 = pow(_M1, -1, 1 << 64), pow(_M2, -1, 1 << 64)
+_CPU = CpuEngine()
 _RUN_SCHEMA = pa.schema([("h", pa.uint64()), ("count", pa.int64())])
 
 
@@ -60,11 +63,15 @@ class ValueCounts:
         self.other_counts: list[pa.Array] = [pa.array([], pa.int64())]
         self.entries = 0  # pairs held, duplicates across blocks included (merged only when spilled)
 
-    def add(self, keys: np.ndarray, other: pa.Array | None = None) -> None:
-        """Count one block's values (`encode_keys` output); key 0 (missing / other) is skipped."""
-        values, counts = np.unique(keys[keys != 0], return_counts=True)  # a sort: fast on integers
+    def add(self, keys: np.ndarray, other: pa.Array | None = None, engine=None) -> None:
+        """Count one block's values (`encode_keys` output) with `engine` (default numpy: a sort, fast on
+        integers); key 0 (missing / other) is skipped."""
+        self.add_counts(*(engine or _CPU).unique_counts(keys), other)
+
+    def add_counts(self, values: np.ndarray, counts: np.ndarray, other: pa.Array | None = None) -> None:
+        """Count one block's distinct non-zero uint64 keys (`counts` int64 > 0) and other strings."""
         self.keys.append(pa.array(values))
-        self.key_counts.append(pa.array(counts.astype(np.int64)))
+        self.key_counts.append(pa.array(counts))
         self.entries += len(values)
         if other is not None and other.null_count < len(other):
             found = pc.value_counts(other.drop_null())
@@ -95,14 +102,18 @@ class ValueCounts:
 class Counter:
     """A worker's counts of every categorical column, spilled to sorted run files when large."""
 
-    def __init__(self, run_dir: str, spill_entries: int = SPILL_ENTRIES):
-        self.run_dir, self.spill_entries = run_dir, spill_entries
+    def __init__(self, run_dir: str, spill_entries: int = SPILL_ENTRIES, engine=None):
+        self.run_dir, self.spill_entries, self.engine = run_dir, spill_entries, engine
         self.columns = {name: ValueCounts() for name in SPARSE}
         self.runs: list[str] = []
 
     def add(self, name: str, keys: np.ndarray, other: pa.Array | None = None) -> None:
         """Count one block's values of one column."""
-        self.columns[name].add(keys, other)
+        self.columns[name].add(keys, other, self.engine)
+
+    def add_counts(self, name: str, values: np.ndarray, counts: np.ndarray, other: pa.Array | None = None) -> None:
+        """Count one block's distinct keys of one column, already counted (`ValueCounts.add_counts`)."""
+        self.columns[name].add_counts(values, counts, other)
 
     def spill_if_large(self) -> None:
         """Write a run when the counts held outgrow the budget (call between blocks)."""
@@ -147,8 +158,11 @@ def merge_vocabulary(runs: list[str], others: list[tuple[pa.Array, pa.Array]], c
             lo = np.searchsorted(h, bounds[i])
             hi = np.searchsorted(h, bounds[i + 1]) if i + 1 < ranges else len(h)
             pieces.append((h[lo:hi], counts[lo:hi]))
-        h, counts = _sum_by(pa.array(np.concatenate([p[0] for p in pieces])),
-                            pa.array(np.concatenate([p[1] for p in pieces])))
+        if len(pieces) == 1:  # one run: its keys are distinct already
+            h, counts = pa.array(pieces[0][0]), pa.array(pieces[0][1])
+        else:
+            h, counts = _sum_by(pa.array(np.concatenate([p[0] for p in pieces])),
+                                pa.array(np.concatenate([p[1] for p in pieces])))
         distinct += len(h)
         keep = pc.greater_equal(counts, threshold)
         kept_h.append(h.filter(keep).to_numpy())

@@ -157,7 +157,7 @@ def _options(names: Sequence[str], typed: bool):
     types = {c: (pa.int64() if typed else pa.string()) for c in names if c not in SPARSE}
     types.update({c: pa.string() for c in names if c in SPARSE})
     return dict(
-        read_options=pcsv.ReadOptions(column_names=list(names), use_threads=False, block_size=1 << 20),
+        read_options=pcsv.ReadOptions(column_names=list(names), use_threads=False, block_size=2 << 20),
         parse_options=pcsv.ParseOptions(delimiter="\t", quote_char=False, ignore_empty_lines=False),
         convert_options=pcsv.ConvertOptions(column_types=types, null_values=[""], strings_can_be_null=False,
                                             quoted_strings_can_be_null=False),

@@ -3,7 +3,7 @@
 HugeCTR's Parquet data reader wants, per split directory, `_file_list.txt` (the number of files,
 then one path per line) and `_metadata.json` (rows per file; label, dense and categorical column
 names with their column index). Both names start with "_", so Parquet dataset readers skip them.
-NVTabular/Merlin (and Merlin Models, Transformers4Rec) read `schema.pbtxt` for column tags and domains.
+NVTabular/Merlin (and Merlin Models, Transformers4Rec) read a `schema.pbtxt` for column tags and domains.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ def write_hugectr_metadata(split_dir: Path, final_dir: Path) -> None:
     (split_dir / "_file_list.txt").write_text("\n".join(lines) + "\n")
 
 
-def write_merlin_schema(split_dir: Path, cardinalities: dict[str, int]) -> None:
-    """Write `schema.pbtxt` (NVTabular/Merlin's text-format schema proto) beside the parts.
+def write_merlin_schema(out_dir: Path, cardinalities: dict[str, int]) -> None:
+    """Write `out_dir/schema.pbtxt` (NVTabular/Merlin's text-format schema proto; both splits have these
+    columns). It is not put beside the parts: pyarrow reads every non-"_" file of a directory as Parquet.
 
     Categorical columns: type INT, `int_domain` min 0, max cardinality - 1 (Merlin's embedding size is
     max + 1, so it equals our `schema.json` cardinality), tag "categorical". Dense: type FLOAT, tag
@@ -42,7 +43,7 @@ def write_merlin_schema(split_dir: Path, cardinalities: dict[str, int]) -> None:
     features = [_feature(LABEL, "FLOAT", ("target", "binary_classification"))]
     features += [_feature(name, "FLOAT", ("continuous",)) for name in DENSE]
     features += [_feature(name, "INT", ("categorical",), cardinalities[name]) for name in SPARSE]
-    (split_dir / "schema.pbtxt").write_text("".join(features))
+    (out_dir / "schema.pbtxt").write_text("".join(features))
 
 
 def _feature(name: str, kind: str, tags: tuple[str, ...], cardinality: int | None = None) -> str:

@@ -86,12 +86,13 @@ class FileHasher:
 
 def _hash_files(paths: list[str], send) -> None:
     try:
-        send.send([_sha256(Path(p)) for p in paths])
+        send.send([sha256_file(Path(p)) for p in paths])
     except OSError as err:
         send.send(f"{err.filename}: cannot read ({err.strerror})")
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """The file's sha256 (hex), read in 4 MB pieces."""
     digest = hashlib.sha256()
     buffer = bytearray(1 << 22)  # reused: no mapping of the whole file, so RSS stays flat
     view = memoryview(buffer)

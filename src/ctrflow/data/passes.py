@@ -1,12 +1,15 @@
 """The two passes of preprocessing, as worker stages (see `parallel.StagePool`).
 
-Fit: parse a block once, transform its dense and label columns, turn its categorical values into
-keys, count the training rows' values, and cache the block in Arrow IPC (so the transform pass never
-parses text again). Transform: map the cached keys to ids with the vocabulary and write Parquet.
+Fit: parse a block once, transform its dense and label columns, factorize each categorical column
+(int32 codes per row, the block's distinct 8-byte keys), count the training rows' values from the
+codes, and cache the block (Arrow IPC + the distinct keys), so the transform pass never parses text
+again. Transform: look up each block's distinct keys once in the vocabulary, gather the ids by code,
+write Parquet. Categorify and the dense transform run on the chosen engine (`engines`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +21,8 @@ import pyarrow.parquet as pq
 
 from ctrflow.data.counting import SPILL_ENTRIES, Counter
 from ctrflow.data.criteo import Block, count_lines, line_starts, parse_block, plan_blocks, read_block
+from ctrflow.data.engines import dense_inputs, make_engine
 from ctrflow.data.schema import DENSE, LABEL, SPARSE
-from ctrflow.data.transform import transform_dense
 from ctrflow.data.vocab import Vocabularies, encode_keys
 
 VALID = "__valid"  # cache column: the row belongs to the validation split
@@ -49,23 +52,27 @@ class WholeFile:
 class FitStage:
     """Pass 1 in a worker: parse, validate, count training values, cache the block."""
 
-    paths: list[str]
-    splits: list[str]  # per file: "train", "valid" or "split" (by --valid-fraction)
-    cache_dir: str
+    paths: list[str] | dict[int, str]  # by file index
+    splits: list[str] | dict[int, str]  # per file: "train", "valid" or "split" (by --valid-fraction)
+    cache_dir: str  # "": cache nothing (the per-file count step)
     valid_fraction: float = 0.0
     seed: int = 0
     stop_at_bad_row: bool = True
     run_dir: str = ""
     spill_entries: int = SPILL_ENTRIES
+    count: bool = True  # False: parse and cache only (the per-file transform step)
+    engine: str = "cpu"
+    device: str = "cuda"
     counter: Counter | None = None
 
     def start(self) -> None:
-        """Fresh counts for this worker."""
-        self.counter = Counter(self.run_dir, self.spill_entries)
+        """Fresh counts and this worker's engine (a GPU context is opened here, after the fork)."""
+        self.kernels = make_engine(self.engine, self.device)
+        self.counter = Counter(self.run_dir, self.spill_entries, self.kernels)
 
     def finish(self) -> dict:
-        """This worker's run files (and other-string counts)."""
-        return self.counter.finish()
+        """This worker's run files (and other-string counts); nothing when not counting."""
+        return self.counter.finish() if self.count else {"runs": [], "other": {}}
 
     def handle(self, task: Block | WholeFile) -> list[dict]:
         """Process a block, or every block of a (gzip) file in order; one accounting dict per block."""
@@ -100,49 +107,66 @@ class FitStage:
             result["rows"] = {"train": int(n - valid.sum()), "valid": int(valid.sum())}
         else:
             result["rows"][split] = n
-        table = self._encode_and_count(parsed, split, valid, result["missing"])
+        table, uniques = self._encode_and_count(parsed, split, valid, result["missing"])
         result["cache"] = f"{block.file_index:05d}-{block.index:07d}.arrow"
-        with pa.OSFile(os.path.join(self.cache_dir, result["cache"]), "wb") as sink, \
-                pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
-        self.counter.spill_if_large()
+        if self.cache_dir:
+            path = os.path.join(self.cache_dir, result["cache"])
+            with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+                writer.write_table(table)
+            np.save(path + ".keys.npy", uniques)
+        if self.count:
+            self.counter.spill_if_large()
         return result
 
-    def _encode_and_count(self, parsed, split: str, valid: np.ndarray | None, missing: np.ndarray) -> pa.Table:
-        """The block to cache (label, transformed dense, categorical keys); counts the training rows."""
+    def _encode_and_count(self, parsed, split: str, valid: np.ndarray | None,
+                          missing: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+        """The block to cache (label, transformed dense, categorical keys factorized: int32 codes per row
+        and each column's distinct keys, back to back); counts the training rows."""
         columns = {LABEL: pa.array(parsed.label.astype(np.float32))}
-        dense = transform_dense(parsed.dense)
+        dense = self.kernels.transform_dense(dense_inputs(parsed.dense))
         for j, name in enumerate(DENSE):
-            columns[name] = pa.array(np.ascontiguousarray(dense[:, j]))
+            columns[name] = pa.array(dense[j])  # [13, n]: each row contiguous, no copy
             missing[j] = parsed.dense[j].null_count
         train = None if valid is None else pa.array(~valid)
+        distinct, offsets = [], [0]
         for j, name in enumerate(SPARSE):
             keys, other = encode_keys(parsed.sparse[j])
-            columns[name] = pa.array(keys)
-            missing[len(DENSE) + j] = int((keys == 0).sum())
+            codes, uniques = self.kernels.factorize(keys)
+            columns[name] = pa.array(codes)
+            distinct.append(uniques)
+            offsets.append(offsets[-1] + len(uniques))
+            counts = np.bincount(codes, minlength=len(uniques))
+            missing[len(DENSE) + j] = int(counts[uniques == 0].sum())
             if other is not None:
                 columns[f"{name}_other"] = other
                 missing[len(DENSE) + j] -= len(other) - other.null_count
-            if split == "train":
-                self.counter.add(name, keys, other)
-            elif split == "split":
-                self.counter.add(name, keys[~valid], None if other is None else other.filter(train))
+            if self.count and split != "valid":
+                if split == "split":
+                    counts = np.bincount(codes[~valid], minlength=len(uniques))
+                    other = None if other is None else other.filter(train)
+                keep = (uniques != 0) & (counts > 0)
+                self.counter.add_counts(name, uniques[keep], counts[keep].astype(np.int64), other)
         if valid is not None:
             columns[VALID] = pa.array(valid)
-        return pa.table(columns)
+        table = pa.table(columns).replace_schema_metadata({"key_offsets": json.dumps(offsets)})
+        return table, np.concatenate(distinct)
 
 
 @dataclass
 class TransformStage:
     """Pass 2 in a worker: cached keys → ids, one Parquet part per split present in the block."""
 
-    data_dir: str  # holds vocab/ and the cache, and receives train/ and valid/
+    data_dir: str  # holds the cache, and receives train/ and valid/
     compression: str = "none"
+    vocab_dir: str = ""  # holds vocab/ (default: data_dir)
+    engine: str = "cpu"
+    device: str = "cuda"
     vocab: Vocabularies | None = None
 
     def start(self) -> None:
-        """Load the vocabularies once per worker (the same loader serving uses)."""
-        self.vocab = Vocabularies.load(self.data_dir)
+        """Load the vocabularies once per worker (the same loader serving uses) and the engine."""
+        self.vocab = Vocabularies.load(self.vocab_dir or self.data_dir)
+        self.kernels = make_engine(self.engine, self.device)
 
     def finish(self) -> None:
         """Nothing to hand back."""
@@ -154,12 +178,15 @@ class TransformStage:
         path = os.path.join(self.data_dir, "cache", cache_name)
         with pa.memory_map(path) as source:
             cached = pa.ipc.open_file(source).read_all()
+        uniques = np.load(path + ".keys.npy")
+        offsets = json.loads(cached.schema.metadata[b"key_offsets"])
         names = set(cached.column_names)
         columns = {name: cached.column(name) for name in (LABEL, *DENSE)}
-        for name in SPARSE:
+        for j, name in enumerate(SPARSE):
             other = cached.column(f"{name}_other").combine_chunks() if f"{name}_other" in names else None
-            keys = cached.column(name).to_numpy()
-            columns[name] = pa.array(self.vocab.columns[name].lookup(keys, other))
+            codes = cached.column(name).to_numpy()
+            ids = self.vocab.columns[name].lookup_codes(codes, uniques[offsets[j]:offsets[j + 1]], other, self.kernels)
+            columns[name] = pa.array(ids)
         table = pa.table(columns)
         written = {}
         for split, part in parts.items():
@@ -172,4 +199,5 @@ class TransformStage:
             written[split] = len(rows)
         del cached, columns, table
         os.remove(path)
+        os.remove(path + ".keys.npy")
         return written

@@ -10,6 +10,7 @@ leaves nothing that looks complete. The output is the same for any worker count 
 from __future__ import annotations
 
 import errno
+import importlib.util
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ from typing import Iterator, Sequence
 from ctrflow.data.accounting import account_block, collect_stats, file_stats, summarize, track
 from ctrflow.data.counting import RANGE_ENTRIES, SPILL_ENTRIES, merge_vocabulary, remove_runs
 from ctrflow.data.criteo import Block, expand_inputs, is_gzip, plan_blocks
+from ctrflow.data.engines import CUDF_HINT, ENGINES
 from ctrflow.data.interop import write_hugectr_metadata, write_merlin_schema
 from ctrflow.data.output import FileHasher, check_out_dir, publish
 from ctrflow.data.parallel import StagePool
@@ -43,8 +45,10 @@ def preprocess(train: Sequence[str], valid: Sequence[str] = (), out: str | os.Pa
                on_bad_rows: str = "error", engine: str = "cpu", seed: int = 0, tracker=None,
                chunk_rows: int = DEFAULT_CHUNK_ROWS, progress: bool | None = None,
                compression: str = DEFAULT_COMPRESSION, spill_entries: int = SPILL_ENTRIES,
-               range_entries: int = RANGE_ENTRIES) -> dict:
+               range_entries: int = RANGE_ENTRIES, device: str = "cuda") -> dict:
     """Preprocess raw files into `out`; returns the summary (rows, cardinalities, vocab hash, seconds).
+    `engine`: "cpu" (numpy), "torch" (categorify and dense transform on torch `device`, after CPU
+    parsing) or "cudf"; the output is the same whichever runs.
 
     Memory: each worker holds one block (`chunk_rows`) and at most `spill_entries` (value, count)
     pairs; the final merge holds `range_entries` pairs per column at a time."""
@@ -63,19 +67,11 @@ def preprocess(train: Sequence[str], valid: Sequence[str] = (), out: str | os.Pa
             (tmp / sub).mkdir(parents=True)
         with FileHasher([p for p, _ in files]) as hasher:
             stats = _run(files, tmp, freq_threshold, valid_fraction or 0.0, workers, on_bad_rows, seed,
-                         chunk_rows, _show_progress(progress), compression, spill_entries, range_entries)
+                         chunk_rows, _show_progress(progress), compression, spill_entries, range_entries,
+                         engine, device)
             file_digests = hasher.result()
         stats["passes"]["total_seconds"] = round(time.perf_counter() - started, 3)
-        schema = Schema(cardinalities=stats.pop("cardinalities"), freq_threshold=freq_threshold,
-                        rows=dict(stats["rows"]), vocab_hash=stats.pop("vocab_hash"),
-                        files=[{"path": str(p.resolve()), "bytes": p.stat().st_size, "sha256": d,
-                                "split": "train+valid" if s == "split" else s}
-                               for (p, s), d in zip(files, file_digests)])
-        (tmp / "stats.json").write_text(json.dumps(stats, indent=2) + "\n")
-        schema.save(tmp / "schema.json")
-        for split in ("train", "valid"):
-            write_hugectr_metadata(tmp / split, out / split)
-            write_merlin_schema(tmp / split, schema.cardinalities)
+        schema = write_metadata(tmp, out, files, file_digests, stats, freq_threshold)
         shutil.rmtree(tmp / "cache")
         shutil.rmtree(tmp / "runs")
         publish(tmp, out)
@@ -89,8 +85,24 @@ def preprocess(train: Sequence[str], valid: Sequence[str] = (), out: str | os.Pa
     if tracker is not None:
         track(tracker, summary, stats, out, dict(train=list(map(str, train)), valid=list(map(str, valid)),
                freq_threshold=freq_threshold, valid_fraction=valid_fraction, workers=workers,
-               on_bad_rows=on_bad_rows, engine=engine, seed=seed, chunk_rows=chunk_rows, compression=compression))
+               on_bad_rows=on_bad_rows, engine=engine, device=device, seed=seed, chunk_rows=chunk_rows,
+               compression=compression))
     return summary
+
+
+def write_metadata(tmp: Path, out: Path, files, digests: list[str], stats: dict, freq_threshold: int) -> Schema:
+    """Write schema.json, stats.json and the HugeCTR/NVTabular metadata into `tmp` (to be published at `out`)."""
+    schema = Schema(cardinalities=stats.pop("cardinalities"), freq_threshold=freq_threshold,
+                    rows=dict(stats["rows"]), vocab_hash=stats.pop("vocab_hash"),
+                    files=[{"path": str(Path(p).resolve()), "bytes": Path(p).stat().st_size, "sha256": d,
+                            "split": "train+valid" if s == "split" else s}
+                           for (p, s), d in zip(files, digests)])
+    (tmp / "stats.json").write_text(json.dumps(stats, indent=2) + "\n")
+    schema.save(tmp / "schema.json")
+    for split in ("train", "valid"):
+        write_hugectr_metadata(tmp / split, out / split)
+    write_merlin_schema(tmp, schema.cardinalities)  # not in train/: Parquet readers of a directory read every file
+    return schema
 
 
 def available_cores() -> int:
@@ -111,8 +123,10 @@ def _check_args(train, valid, freq_threshold, valid_fraction, on_bad_rows, engin
         raise UserError(f"--freq-threshold must be at least 1, got {freq_threshold}")
     if on_bad_rows not in ("error", "skip"):
         raise UserError(f"--on-bad-rows must be 'error' or 'skip', got {on_bad_rows!r}")
-    if engine != "cpu":
-        raise UserError(f"--engine {engine!r} is not available here (only 'cpu')")
+    if engine not in ENGINES:
+        raise UserError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if engine == "cudf" and importlib.util.find_spec("cudf") is None:  # importing it here would touch the GPU
+        raise UserError(f"{CUDF_HINT}: cudf is not installed")
     if chunk_rows < 1:
         raise UserError(f"--chunk-rows must be positive, got {chunk_rows}")
 
@@ -135,14 +149,15 @@ def _block_bytes(path: Path, chunk_rows: int) -> int:
     return max(1 << 12, int(chunk_rows * per_row))
 
 
-def _tasks(files, chunk_rows: int, workers: int) -> Iterator[Block | WholeFile]:
-    """Fit tasks in input order. Plain files: byte ranges each worker reads itself. Gzip files: whole
-    files when there are enough of them to keep every worker busy (each worker decompresses its own),
-    else blocks decompressed here. The blocks, and so the output, are the same either way."""
-    gzipped = [is_gzip(path) for path, _ in files]
+def _tasks(files: list[tuple[int, tuple[Path, str]]], chunk_rows: int, workers: int) -> Iterator[Block | WholeFile]:
+    """Fit tasks of (file index, (path, split)) in input order. Plain files: byte ranges each worker
+    reads itself. Gzip files: whole files when there are enough of them to keep every worker busy
+    (each worker decompresses its own), else blocks decompressed here. The blocks, and so the output,
+    are the same either way."""
+    gzipped = [is_gzip(path) for _, (path, _) in files]
     whole = workers > 1 and sum(gzipped) >= workers
-    for index, (path, _) in enumerate(files):
-        if whole and gzipped[index]:
+    for (index, (path, _)), gz in zip(files, gzipped):
+        if whole and gz:
             yield WholeFile(index, _block_bytes(path, chunk_rows))
         else:
             yield from plan_blocks(path, index, _block_bytes(path, chunk_rows))
@@ -170,34 +185,37 @@ def _bar(enabled: bool, desc: str, total=None):
 
 def _run(files, tmp: Path, threshold: int, fraction: float, workers: int, on_bad_rows: str, seed: int,
          chunk_rows: int, progress: bool, compression: str, spill_entries: int = SPILL_ENTRIES,
-         range_entries: int = RANGE_ENTRIES) -> dict:
+         range_entries: int = RANGE_ENTRIES, engine: str = "cpu", device: str = "cuda") -> dict:
     """Both passes; returns stats (with cardinalities and vocab hash for the schema)."""
     fit = FitStage([str(p) for p, _ in files], [s for _, s in files], str(tmp / "cache"), fraction, seed,
-                   stop_at_bad_row=on_bad_rows == "error", run_dir=str(tmp / "runs"), spill_entries=spill_entries)
+                   stop_at_bad_row=on_bad_rows == "error", run_dir=str(tmp / "runs"), spill_entries=spill_entries,
+                   engine=engine, device=device)
     t0 = time.perf_counter()
     per_file, warnings = [file_stats(p, s) for p, s in files], []
-    records, finals = _fit(fit, files, tmp, workers, chunk_rows, progress, per_file, warnings)
+    records, finals = fit_pass(fit, list(enumerate(files)), tmp, workers, chunk_rows, progress, per_file, warnings)
     t1 = time.perf_counter()
-    tables, distinct = _build_vocabulary(finals, threshold, workers, range_entries)
+    tables, distinct = build_vocabulary(finals, threshold, workers, range_entries)
     write_vocab(tmp, tables)
     t2 = time.perf_counter()
-    rows = _transform(records, tmp, compression, workers, progress)
+    rows = transform_pass(records, tmp, compression, workers, progress, engine=engine, device=device)
     t3 = time.perf_counter()
     passes = {"fit_seconds": round(t1 - t0, 3), "vocab_seconds": round(t2 - t1, 3),
               "transform_seconds": round(t3 - t2, 3)}
     return collect_stats(records, per_file, distinct, tables, rows, warnings, passes, workers, chunk_rows)
 
 
-def _fit(fit: FitStage, files, tmp: Path, workers: int, chunk_rows: int, progress: bool, per_file, warnings):
-    """Pass 1 over every block, in order: (per-block records, each worker's counts)."""
-    records = []
+def fit_pass(fit: FitStage, files: list[tuple[int, tuple[Path, str]]], tmp: Path, workers: int, chunk_rows: int,
+             progress: bool, per_file, warnings):
+    """Pass 1 over every block of `files` ((file index, (path, split)) pairs), in order: (per-block records,
+    each worker's counts). `per_file` (indexed by file index) gets each file's row accounting."""
+    records, by_index = [], dict(files)
     rejected = None if fit.stop_at_bad_row else open(tmp / "rejected.tsv", "w", encoding="utf-8")
     try:
         if rejected:
             rejected.write("file\tline\treason\traw\n")
-        with StagePool(fit, workers) as pool, _bar(progress, "fit") as bar:
+        with StagePool(fit, workers, isolated=fit.engine != "cpu") as pool, _bar(progress, "fit") as bar:
             for result in (r for results in pool.map(_tasks(files, chunk_rows, workers)) for r in results):
-                account_block(result, files, per_file, rejected, warnings)
+                account_block(result, by_index, per_file, rejected, warnings)
                 records.append({k: result[k] for k in ("cache", "rows", "missing")})  # no raw lines kept
                 bar.update(result["lines"])
             finals = pool.finish()
@@ -207,8 +225,9 @@ def _fit(fit: FitStage, files, tmp: Path, workers: int, chunk_rows: int, progres
     return records, finals
 
 
-def _build_vocabulary(finals: list[dict], threshold: int, workers: int, range_entries: int):
-    """Merge every worker's runs, column by column: ({column: vocabulary table}, {column: distinct})."""
+def build_vocabulary(finals: list[dict], threshold: int, workers: int, range_entries: int, remove: bool = True):
+    """Merge every worker's runs, column by column: ({column: vocabulary table}, {column: distinct});
+    the run files are deleted afterwards unless `remove` is False."""
     runs = [run for final in finals for run in final["runs"]]
 
     def merge(j: int):
@@ -216,16 +235,21 @@ def _build_vocabulary(finals: list[dict], threshold: int, workers: int, range_en
 
     with ThreadPoolExecutor(workers) as threads:  # pyarrow's hash group-by and sort release the GIL
         merged = list(threads.map(merge, range(len(SPARSE))))
-    remove_runs(runs)
+    if remove:
+        remove_runs(runs)
     return ({name: table for name, (table, _) in zip(SPARSE, merged)},
             {name: n for name, (_, n) in zip(SPARSE, merged)})
 
 
-def _transform(records: list[dict], tmp: Path, compression: str, workers: int, progress: bool) -> dict[str, int]:
-    """Pass 2: cached blocks → Parquet parts, numbered in input order per split; rows per split."""
-    tasks = list(_transform_tasks(records))
+def transform_pass(records: list[dict], tmp: Path, compression: str, workers: int, progress: bool,
+                   first_parts: dict[str, int] | None = None, vocab_dir: str = "",
+                   engine: str = "cpu", device: str = "cpu") -> dict[str, int]:
+    """Pass 2: cached blocks → Parquet parts, numbered in input order per split from `first_parts`
+    (default 0); the vocabulary is read from `vocab_dir` (default `tmp`); rows per split."""
+    tasks = list(_transform_tasks(records, first_parts or {"train": 0, "valid": 0}))
     rows = {split: sum(r["rows"][split] for r in records) for split in ("train", "valid")}
-    with StagePool(TransformStage(str(tmp), compression), min(workers, max(1, len(tasks)))) as pool, \
+    stage = TransformStage(str(tmp), compression, vocab_dir, engine=engine, device=device)
+    with StagePool(stage, min(workers, max(1, len(tasks))), isolated=engine != "cpu") as pool, \
             _bar(progress, "transform", rows["train"] + rows["valid"]) as bar:
         for written in pool.map(tasks):
             bar.update(sum(written.values()))
@@ -233,8 +257,8 @@ def _transform(records: list[dict], tmp: Path, compression: str, workers: int, p
     return rows
 
 
-def _transform_tasks(records: list[dict]) -> Iterator[tuple[str, dict[str, int]]]:
-    parts = {"train": 0, "valid": 0}
+def _transform_tasks(records: list[dict], first_parts: dict[str, int]) -> Iterator[tuple[str, dict[str, int]]]:
+    parts = dict(first_parts)
     for record in records:
         if record["cache"] is None:
             continue

@@ -13,19 +13,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ctrflow.data.criteo import parse_integers
+from ctrflow.data.engines import CpuEngine, dense_inputs
 from ctrflow.data.schema import DENSE, SPARSE
 from ctrflow.data.vocab import Vocabularies
 from ctrflow.errors import UserError
 
+_CPU = CpuEngine()
+
 
 def transform_dense(columns: Sequence[pa.Array]) -> np.ndarray:
-    """13 int64 columns (null = missing) → float32 [n, 13]: log1p(max(x, 0)), missing → 0."""
-    n = len(columns[0]) if columns else 0
-    out = np.empty((n, len(columns)), dtype=np.float32)
-    for j, column in enumerate(columns):
-        values = pc.fill_null(column, 0).to_numpy(zero_copy_only=False)
-        out[:, j] = np.log1p(np.maximum(values, 0).astype(np.float32))
-    return out
+    """13 int64 columns (null = missing) → float32 [n, 13]: log1p(max(x, 0)), missing → 0
+    (computed in float64, rounded once: the same bits on every engine)."""
+    return np.ascontiguousarray(_CPU.transform_dense(dense_inputs(columns)).T)
 
 
 def transform_raw(columns: Mapping[str, Sequence[str]], vocab: Vocabularies) -> tuple[np.ndarray, np.ndarray]:

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ctrflow.data.engines import CpuEngine, KeyTable
 from ctrflow.data.schema import FIRST_ID, MISSING_ID, OOV_ID, SPARSE
 from ctrflow.errors import UserError
 
@@ -30,25 +31,26 @@ def encode_keys(strings: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, pa.Arr
     """Raw strings → (uint64 keys [n], 0 where missing or "other"; other values, null elsewhere, or None)."""
     chunks = strings.chunks if isinstance(strings, pa.ChunkedArray) else [strings]
     chunks = [_as_plain_strings(chunk) for chunk in chunks if len(chunk)]
-    lengths, data = [], []
-    for chunk in chunks:  # the chunks' value bytes, back to back
+    keys = np.empty(sum(len(chunk) for chunk in chunks), dtype=np.uint64)
+    other_mask = np.zeros(len(keys), dtype=bool)
+    at = 0
+    for chunk in chunks:  # each chunk's keys straight from its buffers: no copy of the value bytes
+        n = len(chunk)
         _, offsets_buf, data_buf = chunk.buffers()
-        offsets = np.frombuffer(offsets_buf, dtype=np.int32, count=len(chunk) + 1, offset=chunk.offset * 4)
-        lengths.append(np.diff(offsets))
-        if data_buf is not None and offsets[-1] > offsets[0]:
-            data.append(np.frombuffer(data_buf, dtype=np.uint8, count=int(offsets[-1] - offsets[0]),
-                                      offset=int(offsets[0])))
-    lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int32)
-    data = np.concatenate(data) if len(data) > 1 else (data[0] if data else np.zeros(0, np.uint8))
-    keys = np.zeros(len(lengths), dtype=np.uint64)
-    eight = lengths == 8
-    n_eight = int(np.count_nonzero(eight))
-    if n_eight * 8 == len(data):  # every present value has 8 bytes
-        keys[eight] = data.view("<u8") if data.flags.aligned else data.copy().view("<u8")
-    elif n_eight:
-        starts = np.cumsum(lengths, dtype=np.int64) - lengths
-        keys[eight] = data[starts[eight][:, None] + np.arange(8)].view("<u8").ravel()
-    other_mask = (lengths != 0) & (keys == 0)  # other lengths, and the all-NUL 8-byte value
+        offsets = np.frombuffer(offsets_buf, dtype=np.int32, count=n + 1, offset=chunk.offset * 4)
+        lengths = np.diff(offsets)
+        eight = lengths == 8
+        size = int(offsets[-1] - offsets[0])
+        if size == 8 * n:  # every value has 8 bytes: the data buffer is the keys
+            keys[at:at + n] = np.frombuffer(data_buf, dtype="<u8", count=n, offset=int(offsets[0]))
+        elif size >= 8:  # window[i] = the 8 bytes starting at byte i (an unaligned, overlapping view)
+            window = np.ndarray((size - 7,), dtype="<u8", buffer=data_buf, offset=int(offsets[0]), strides=(1,))
+            starts = np.minimum(offsets[:-1] - offsets[0], size - 8)
+            np.multiply(window[starts], eight, out=keys[at:at + n])
+        else:
+            keys[at:at + n] = 0
+        other_mask[at:at + n] = (lengths != 0) & (keys[at:at + n] == 0)  # other lengths, the all-NUL 8 bytes
+        at += n
     if not other_mask.any():
         return keys, None
     joined = pa.concat_arrays(chunks) if len(chunks) != 1 else chunks[0]
@@ -68,6 +70,9 @@ def keys_to_strings(keys: np.ndarray) -> pa.Array:
     return fixed.cast(pa.binary()).cast(pa.string())
 
 
+_CPU = CpuEngine()
+
+
 class ColumnVocab:
     """One column's vocabulary and its lookup tables (hash indexes built once)."""
 
@@ -77,8 +82,7 @@ class ColumnVocab:
         self.counts = np.asarray(counts, dtype=np.int64)
         keys, other = encode_keys(self.values)
         is_key = keys != 0
-        self._key_index = pd.Index(keys[is_key])
-        self._key_table = np.append(np.flatnonzero(is_key) + FIRST_ID, OOV_ID).astype(np.int32)
+        self.key_table = KeyTable(keys[is_key], (np.flatnonzero(is_key) + FIRST_ID).astype(np.int32))
         self._other_index = None
         if other is not None:
             is_other = other.is_valid().to_numpy(zero_copy_only=False)
@@ -90,20 +94,29 @@ class ColumnVocab:
         """Vocabulary size + 2 (missing, OOV): the embedding table size."""
         return len(self.values) + FIRST_ID
 
-    def lookup(self, keys: np.ndarray, other: pa.Array | None = None) -> np.ndarray:
-        """Ids (int32 [n]) of values given as `encode_keys` output."""
-        pos = self._key_index.get_indexer(keys)  # -1 (not in the vocabulary) picks OOV_ID, the last entry
-        ids = self._key_table[pos]
-        missing = keys == 0
+    def lookup(self, keys: np.ndarray, other: pa.Array | None = None, engine=None) -> np.ndarray:
+        """Ids (int32 [n]) of values given as `encode_keys` output; 8-byte keys are looked up by
+        `engine` (`ctrflow.data.engines`; default numpy), other strings here."""
+        ids = (engine or _CPU).lookup(self.key_table, keys)
+        ids[keys == 0] = MISSING_ID
+        return self._lookup_other(ids, other)
+
+    def lookup_codes(self, codes: np.ndarray, uniques: np.ndarray, other: pa.Array | None = None,
+                     engine=None) -> np.ndarray:
+        """`lookup` of keys given factorized (keys = uniques[codes]): one lookup per distinct key."""
+        distinct = (engine or _CPU).lookup(self.key_table, uniques)
+        distinct[uniques == 0] = MISSING_ID
+        return self._lookup_other(distinct[codes], other)
+
+    def _lookup_other(self, ids: np.ndarray, other: pa.Array | None) -> np.ndarray:
+        """Overwrite the ids of the "other" strings (their key is 0, looked up as missing)."""
         if other is not None:
             is_other = other.is_valid().to_numpy(zero_copy_only=False)
-            missing &= ~is_other
             ids[is_other] = OOV_ID
             if self._other_index is not None:
                 where = np.flatnonzero(is_other)
                 pos = self._other_index.get_indexer(other.filter(pa.array(is_other)).to_pylist())
                 ids[where[pos >= 0]] = self._other_ids[pos[pos >= 0]]
-        ids[missing] = MISSING_ID
         return ids
 
     def encode(self, values: Sequence[str] | pa.Array) -> np.ndarray:

@@ -19,7 +19,7 @@ from ctrflow.embedding.tables import TableConfig
 from ctrflow.errors import UserError
 
 KINDS = ("sgd", "adagrad", "adam", "lazy_adam")
-LARGE_TABLE_ROWS = 100_000  # auto: LazyAdam at or above this many rows, Adam below
+LARGE_TABLE_ROWS = 1_000  # auto: LazyAdam at or above this many rows, dense Adam below (see config.py)
 
 
 def choose_kind(table: TableConfig, kind: str = "auto", large_table_rows: int = LARGE_TABLE_ROWS) -> str:

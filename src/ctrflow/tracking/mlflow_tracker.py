@@ -27,6 +27,7 @@ STEP_TAG = "ctrflow.step"
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # the UI opens model-training views, not GenAI ones
 BATCH = 100  # MLflow accepts at most 100 params / 1000 metrics / 100 tags per log_batch call
 PARAM_CHARS = 6000  # MLflow's limit on a param value
+SUMMARY_FIRST = ("evaluate", "train", "export")
 
 
 class MlflowTracker(Tracker):
@@ -158,6 +159,12 @@ def git_commit() -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
+def summary_order(run) -> tuple[int, str]:
+    """Headline steps first on the parent run (the UI lists metrics in logging order)."""
+    step = run.data.tags.get(STEP_TAG, run.info.run_name or "")
+    return (SUMMARY_FIRST.index(step) if step in SUMMARY_FIRST else len(SUMMARY_FIRST), step)
+
+
 def finish_pipeline_run(uri: str, experiment: str, kfp_run_id: str, status: str) -> str | None:
     """Close the parent run of pipeline run `kfp_run_id` with `status`, after copying each child
     step's latest metrics onto it as `<step>.<metric>`; returns its id (None when not found)."""
@@ -172,7 +179,7 @@ def finish_pipeline_run(uri: str, experiment: str, kfp_run_id: str, status: str)
     parent = MlflowTracker(uri, run_id=parents[0].info.run_id)
     children = client.search_runs([found.experiment_id], f"tags.`{PARENT_TAG}` = '{parent.run_id}'")
     summary = {}
-    for child in children:
+    for child in sorted(children, key=summary_order):
         step = child.data.tags.get(STEP_TAG, child.info.run_name)
         summary.update({f"{step}.{k}": v for k, v in child.data.metrics.items() if math.isfinite(v)})
     if summary:

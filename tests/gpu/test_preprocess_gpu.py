@@ -1,0 +1,30 @@
+"""The torch engine on a CUDA GPU gives exactly the CPU engine's output."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ctrflow.data.preprocess import preprocess
+from ctrflow.data.schema import Schema
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
+from test_preprocess import random_rows, write  # noqa: E402
+from test_preprocess_fanout import _assert_same_dataset  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_torch_cuda_engine_output_is_identical_to_cpu(tmp_path, workers):
+    src = write(tmp_path / "in.tsv", random_rows(3000, seed=5))
+    outs = {}
+    for engine, device in (("cpu", "cpu"), ("torch", "cuda")):
+        outs[engine] = tmp_path / engine
+        preprocess([src], out=outs[engine], freq_threshold=2, valid_fraction=0.2, workers=workers,
+                   chunk_rows=700, engine=engine, device=device, seed=3)
+    _assert_same_dataset(outs["torch"], outs["cpu"])
+    assert Schema.load(outs["torch"]).rows["train"] > 0
