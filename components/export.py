@@ -1,17 +1,19 @@
 """`ctrflow export` as a component: a validated Triton model repository, registered in MLflow."""
 
 from kfp import dsl
-from kfp.dsl import Dataset, Input, Model, Output
+from kfp.dsl import Artifact, Dataset, Input, Model, Output
 
 from components.image import TRAIN_IMAGE
 
 
 @dsl.component(base_image=TRAIN_IMAGE, install_kfp_package=False)
-def export(data: Input[Dataset], checkpoint: Input[Model], repository: Output[Model], name: str = "ctr",
+def export(data: Input[Dataset], checkpoint: Input[Model], report: Input[Artifact], repository: Output[Model],
+           name: str = "ctr",
            backend: str = "onnxruntime", tracking_uri: str = "", experiment: str = "ctrflow",
            parent_run_id: str = "", kfp_run_id: str = ""):
     """Write the Triton ensemble `name` into `repository` (the export step also registers it in
-    MLflow with alias `candidate`). Metadata: name, backend, validation result, registered version."""
+    MLflow with alias `candidate`, tagged with the AUC of evaluate's `report`, so that `ctrflow
+    promote` can compare versions). Metadata: name, backend, validation result, registered version."""
     import contextlib
     import io
     import json
@@ -20,7 +22,7 @@ def export(data: Input[Dataset], checkpoint: Input[Model], repository: Output[Mo
     from ctrflow.tracking import tracking_argv
 
     argv = ["export", "--checkpoint", checkpoint.path, "--data", data.path, "--out", repository.path,
-            "--name", name, "--backend", backend,
+            "--name", name, "--backend", backend, "--metrics", report.path,
             *tracking_argv(tracking_uri, experiment, parent_run_id, {"kfp.run_id": kfp_run_id})]
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):  # the step prints its summary as one JSON line

@@ -1,4 +1,5 @@
-"""Open and close the MLflow parent run of one pipeline run.
+"""MLflow bookkeeping of one pipeline run: open the parent run, describe the (cacheable) data
+tasks under it, and close it.
 
 `finish_run` runs in the pipeline's exit handler, so a failed step still closes the parent run
 (as FAILED). An exit task may not depend on other tasks, so it finds the parent run by the KFP run
@@ -6,6 +7,7 @@ id tag instead of taking `start_run`'s output.
 """
 
 from kfp import dsl
+from kfp.dsl import Dataset, Input
 
 from components.image import TRAIN_IMAGE
 
@@ -23,6 +25,21 @@ def start_run(tracking_uri: str, experiment: str, run_name: str, kfp_run_id: str
     run_id = start_pipeline_run(tracking_uri, experiment, run_name, kfp_run_id, params)
     print(f"MLflow parent run: {run_id or '(tracking off)'}")
     return run_id
+
+
+@dsl.component(base_image=TRAIN_IMAGE, install_kfp_package=False)
+def track_data(raw: Input[Dataset], data: Input[Dataset], tracking_uri: str = "", experiment: str = "ctrflow",
+               parent_run_id: str = "", kfp_run_id: str = ""):
+    """Log the child runs `synth` (synthetic raw data only) and `preprocess` of this pipeline run from
+    the data tasks' outputs. The data tasks take no run-specific inputs so that KFP can reuse them;
+    this task always runs, so every pipeline run shows the data it trained on, cached or not."""
+    from pathlib import Path
+
+    from ctrflow.tracking import track_dataset
+
+    for step in track_dataset(Path(raw.path), Path(data.path), tracking_uri, experiment, parent_run_id,
+                              {"kfp.run_id": kfp_run_id}):
+        print(f"MLflow child run {step['run_id'] or '(tracking off)'}: {step['step']}")
 
 
 @dsl.component(base_image=TRAIN_IMAGE, install_kfp_package=False)

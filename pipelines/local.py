@@ -83,7 +83,7 @@ def _run(pipeline_root: str | os.PathLike, arguments: dict[str, Any]) -> Path:
 
 
 def task_output(run_dir: Path, task: str, output: str) -> Path | None:
-    """The folder or file of `output` of `task` (`task`, `task-2`, ... in branches) that was produced."""
+    """The folder or file of `output` of `task` that was produced (the first, for a task in a loop)."""
     found = sorted(p for p in run_dir.glob(f"{task}*/{output}") if p.exists())
     return found[0] if found else None
 
@@ -104,7 +104,7 @@ def summarize_local_run(run_dir: Path, valid_day: str = "day_1") -> dict[str, An
     if metrics:
         result = json.loads(metrics.read_text())
         summary.update(auc=result["auc"], logloss=result["logloss"], rows=result["rows"])
-    synth = task_output(run_dir, "synth", "raw/synth.json")
+    synth = task_output(run_dir, "raw-data", "raw/synth.json")
     if synth:
         summary["teacher_auc"] = json.loads(synth.read_text())["teacher_auc"].get(valid_day)
     repository = task_output(run_dir, "export", "repository")

@@ -1,39 +1,52 @@
-"""The ctrflow KFP pipeline: (synth or import) -> preprocess -> train -> evaluate -> export.
+"""The ctrflow KFP pipeline: raw data -> preprocess (fanned out per file) -> train -> evaluate -> export.
 
-One MLflow parent run per pipeline run: `start_run` opens it, every step logs a child run under
-it, and `finish_run` in the exit handler closes it whatever happened.
+One graph for every setting:
+- `raw_data` synthesizes the days when no source is given, else copies the given files: one `raw`
+  artifact either way, and the list of files the preprocessing fans out over.
+- Preprocessing is `ctrflow preprocess`'s per-file fan-out: `ParallelFor` over the files for the
+  count pass, one merge, `ParallelFor` for the transform, one finalize. Its output is exactly the
+  single-process output, so there is no separate single-process path to maintain.
+- One train task for 0..N GPUs: the accelerator limit is the `num_gpus` parameter and the type is
+  decided at run time (`accelerator_type`: "" on CPU, so the pod asks for no GPU at all); more than
+  one GPU runs torchrun, with a memory-backed /dev/shm for its workers.
 
-Two run-time choices are branches (`dsl.If`/`dsl.Else`), not settings: where the raw data comes
-from, and whether training asks for GPUs (a CPU run carries no accelerator request at all).
-KFP's local runner cannot merge artifacts from branches (`dsl.OneOf` of artifacts), so each branch
-carries its own downstream tasks; `add_training` and `add_evaluation` build them once per branch.
+MLflow: `start_run` opens one parent run, every step logs a child run under it and `finish_run` in
+the exit handler closes it. The data tasks take no run-specific inputs so that KFP caching reuses
+them across runs; `track_data` (never cached) logs their child runs from their outputs.
 """
 
-from kfp import dsl
+from kfp import dsl, kubernetes
 
-from components import evaluate, export, finish_run, preprocess, start_run, synth, train
+from components import (accelerator_type, count_values, evaluate, export, finalize_data, finish_run, merge_counts,
+                        start_run, track_data, train, transform_file)
+from components import raw_data as fetch_raw_data  # the pipeline parameter `raw_data` shadows the name
 
 PIPELINE_NAME = "ctrflow"
+SHM_SIZE = "16Gi"  # torchrun workers and DataLoader workers share tensors through /dev/shm
 
 
-def add_evaluation(data, checkpoint, model_name: str, export_backend: str, tracking: dict) -> None:
-    """Add the evaluate and export tasks of a checkpoint trained on `data`."""
-    evaluate(data=data, checkpoint=checkpoint, **tracking).set_display_name("evaluate")
-    export(data=data, checkpoint=checkpoint, name=model_name, backend=export_backend,
-           **tracking).set_display_name("export")
+def add_preprocessing(raw, files, freq_threshold, seed):
+    """Add the per-file fan-out over `files` (raw_data's list); returns the finalize task."""
+    with dsl.ParallelFor(files, name="count-files") as file:
+        counted = count_values(raw=raw, file=file, seed=seed).set_display_name("count")
+    merged = merge_counts(counts=dsl.Collected(counted.outputs["counts"]), freq_threshold=freq_threshold)
+    merged.set_display_name("merge")
+    with dsl.ParallelFor(files, name="transform-files") as file:
+        parts = transform_file(raw=raw, file=file, vocab=merged.outputs["vocab"], seed=seed)
+        parts.set_display_name("transform")
+    return finalize_data(counts=dsl.Collected(counted.outputs["counts"]), vocab=merged.outputs["vocab"],
+                         parts=dsl.Collected(parts.outputs["parts"])).set_display_name("preprocess")
 
 
-def add_training(data, settings: dict, gpus: dict, model_name: str, export_backend: str, tracking: dict) -> None:
-    """Add the train task (on `gpus["num_gpus"]` GPUs of type `gpus["gpu_type"]`, or on CPU when
-    there are none) and its evaluate and export tasks."""
-    num_gpus = gpus["num_gpus"]
-    with dsl.If(num_gpus > 0, name="on-gpus"):
-        on_gpus = train(data=data, num_gpus=num_gpus, **settings, **tracking).set_display_name("train")
-        on_gpus.set_accelerator_type(gpus["gpu_type"]).set_accelerator_limit(num_gpus)
-        add_evaluation(data, on_gpus.outputs["checkpoint"], model_name, export_backend, tracking)
-    with dsl.Else(name="on-cpu"):
-        on_cpu = train(data=data, num_gpus=0, **settings, **tracking).set_display_name("train")
-        add_evaluation(data, on_cpu.outputs["checkpoint"], model_name, export_backend, tracking)
+def add_training(data, settings: dict, num_gpus, gpu_type, tracking: dict):
+    """Add the train task on `num_gpus` GPUs (0: CPU) with its shared-memory volume; returns it."""
+    kind = accelerator_type(num_gpus=num_gpus, gpu_type=gpu_type).set_display_name("accelerator")
+    trained = train(data=data, num_gpus=num_gpus, **settings, **tracking).set_display_name("train")
+    # the compiler does not count an output used only in resources as a dependency
+    trained.set_accelerator_type(kind.output).set_accelerator_limit(num_gpus).after(kind)
+    kubernetes.empty_dir_mount(trained, volume_name="dshm", mount_path="/dev/shm", medium="Memory",
+                               size_limit=SHM_SIZE)
+    return trained
 
 
 @dsl.pipeline(name=PIPELINE_NAME, description="Criteo CTR: preprocess, train, evaluate, export to Triton; "
@@ -60,13 +73,14 @@ def ctrflow_pipeline(
     mlflow_tracking_uri: str = "",
     mlflow_experiment: str = "ctrflow",
 ):
-    """raw_data: URI of a folder of raw Criteo files (empty: synthesize `synth_days` days of
-    `synth_rows` rows); train_files / valid_files: comma-separated glob patterns inside it (no
-    valid files: hold out `valid_fraction` of the training rows). batch_size, embedding_dim,
-    learning_rate, max_steps: 0 keeps the train step's default. num_gpus: GPUs of the train task
-    (0: CPU; more than 1: torchrun); gpu_type: their resource name (`nvidia.com/gpu` on Kubernetes,
-    e.g. `NVIDIA_H100_80GB` on Vertex AI). mlflow_tracking_uri: "" means the image's
-    $MLFLOW_TRACKING_URI, else a SQLite file in the task's working directory; "none": no tracking."""
+    """raw_data: folder of raw Criteo files, a local path or a gs://, s3:// or hdfs:// URI
+    (empty: synthesize `synth_days` days of `synth_rows` rows); train_files / valid_files:
+    comma-separated glob patterns inside it (no valid files: hold out `valid_fraction` of the
+    training rows). batch_size, embedding_dim, learning_rate, max_steps: 0 keeps the train step's
+    default. num_gpus: GPUs of the train task (0: CPU; more than 1: torchrun); gpu_type: their
+    resource name (`nvidia.com/gpu` on Kubernetes, e.g. `NVIDIA_H100_80GB` on Vertex AI).
+    mlflow_tracking_uri: "" means the image's $MLFLOW_TRACKING_URI, else a SQLite file in the
+    task's working directory; "none": no tracking."""
     kfp_run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
     closing = finish_run(tracking_uri=mlflow_tracking_uri, experiment=mlflow_experiment, kfp_run_id=kfp_run_id)
     closing.set_display_name("close MLflow run").set_caching_options(False)
@@ -83,16 +97,14 @@ def ctrflow_pipeline(
         ).set_display_name("open MLflow run").set_caching_options(False)
         tracking = {"tracking_uri": mlflow_tracking_uri, "experiment": mlflow_experiment,
                     "parent_run_id": opening.output, "kfp_run_id": kfp_run_id}
+        raw = fetch_raw_data(source=raw_data, train_files=train_files, valid_files=valid_files,
+                       valid_fraction=valid_fraction, synth_rows=synth_rows, synth_days=synth_days,
+                       seed=seed).set_display_name("raw data")
+        data = add_preprocessing(raw.outputs["raw"], raw.outputs["Output"], freq_threshold, seed).outputs["data"]
+        track_data(raw=raw.outputs["raw"], data=data, **tracking).set_display_name("track data").set_caching_options(False)
         settings = {"model": model, "epochs": epochs, "batch_size": batch_size, "embedding_dim": embedding_dim,
                     "learning_rate": learning_rate, "max_steps": max_steps, "seed": seed}
-        gpus = {"num_gpus": num_gpus, "gpu_type": gpu_type}
-        split = {"train_files": train_files, "valid_files": valid_files, "valid_fraction": valid_fraction,
-                 "freq_threshold": freq_threshold}
-        with dsl.If(raw_data == "", name="synthetic-data"):
-            generated = synth(rows=synth_rows, days=synth_days, seed=seed, **tracking).set_display_name("synth")
-            data = preprocess(raw=generated.outputs["raw"], **split, **tracking).set_display_name("preprocess")
-            add_training(data.outputs["data"], settings, gpus, model_name, export_backend, tracking)
-        with dsl.Else(name="given-data"):
-            imported = dsl.importer(artifact_uri=raw_data, artifact_class=dsl.Dataset).set_display_name("raw data")
-            data = preprocess(raw=imported.output, **split, **tracking).set_display_name("preprocess")
-            add_training(data.outputs["data"], settings, gpus, model_name, export_backend, tracking)
+        checkpoint = add_training(data, settings, num_gpus, gpu_type, tracking).outputs["checkpoint"]
+        scored = evaluate(data=data, checkpoint=checkpoint, **tracking).set_display_name("evaluate")
+        export(data=data, checkpoint=checkpoint, report=scored.outputs["report"], name=model_name,
+               backend=export_backend, **tracking).set_display_name("export")

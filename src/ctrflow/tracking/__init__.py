@@ -9,11 +9,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from ctrflow.tracking.base import NullTracker, Tracker
 
 __all__ = ["NullTracker", "Tracker", "add_tracking_flags", "finish_pipeline_run", "make_tracker",
-           "resolve_tracking_uri", "start_pipeline_run", "tracker_from_args", "tracking_argv"]
+           "resolve_tracking_uri", "start_pipeline_run", "track_dataset", "tracker_from_args", "tracking_argv"]
 
 DEFAULT_URI = "sqlite:///mlflow.db"  # a local SQLite store when nothing else is configured
 
@@ -81,6 +82,38 @@ def start_pipeline_run(uri: str | None, experiment: str, run_name: str, kfp_run_
                                                             "ctrflow.step": "pipeline"})
     tracker.log_params(params)
     return tracker.run_id or ""
+
+
+def track_dataset(raw: Path, data: Path, uri: str | None, experiment: str, parent_run_id: str,
+                  tags: dict[str, str]) -> list[dict]:
+    """Log child runs describing a pipeline's data from the files the data steps wrote: `synth`
+    (when `raw/synth.json` exists: its parameters, teacher AUC and CTR per day) and `preprocess`
+    (rows, cardinalities, pass times, schema.json and stats.json, tag vocab_hash), as the steps
+    themselves log when run by hand. Returns [{"step", "run_id"}] (run_id None when tracking is off)."""
+    import json
+
+    from ctrflow.data.accounting import summarize, track
+    from ctrflow.data.schema import Schema
+
+    tags = {k: v for k, v in tags.items() if v}
+    logged = []
+    if (raw / "synth.json").exists():
+        report = json.loads((raw / "synth.json").read_text())
+        with make_tracker(uri, experiment, "synth", parent_run_id or None, {**tags, "ctrflow.step": "synth"}) as tracker:
+            tracker.log_params({k: report[k] for k in ("rows", "days", "seed", "gzip")})
+            metrics = {f"teacher_auc_{k}": v for k, v in report["teacher_auc"].items()}
+            tracker.log_metrics({**metrics, **{f"ctr_{k}": v for k, v in report["ctr"].items()}})
+            tracker.log_artifact(raw / "synth.json")
+        logged.append({"step": "synth", "run_id": tracker.run_id})
+    schema, stats = Schema.load(data), json.loads((data / "stats.json").read_text())
+    inputs = {split: [Path(f["path"]).name for f in schema.files if f["split"].startswith(split)]
+              for split in ("train", "valid")}
+    with make_tracker(uri, experiment, "preprocess", parent_run_id or None,
+                      {**tags, "ctrflow.step": "preprocess"}) as tracker:
+        track(tracker, summarize(data, schema, stats, workers=None), stats, data,
+              {**inputs, "freq_threshold": schema.freq_threshold, "fanout_files": len(schema.files)})
+    logged.append({"step": "preprocess", "run_id": tracker.run_id})
+    return logged
 
 
 def finish_pipeline_run(uri: str | None, experiment: str, kfp_run_id: str, status: str) -> str | None:
