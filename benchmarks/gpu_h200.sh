@@ -7,8 +7,8 @@ OUT=${OUT:-/tmp/ctrflow-gpu}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 echo "== loader"; timeout 90 python3 benchmarks/loader_throughput.py | tee "$OUT/loader.json"
 echo "== gpu tests"
-timeout 110 python3 -m pytest -q tests/gpu/test_fused_dense.py tests/gpu/test_fused_embedding.py \
-  tests/gpu/test_train_fused.py -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.txt" | tail -15
+timeout 110 python3 -m pytest -q tests/gpu/test_fused_dense_gpu.py tests/gpu/test_fused_embedding.py \
+  tests/gpu/test_train_fused_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.txt" | tail -15
 echo "== dlrm"
 timeout ${DLRM_LIMIT:-150} python3 benchmarks/train_throughput.py --paths naive,fused-compile --quality-steps 100 \
   --profile "$OUT" 2> "$OUT/dlrm.err" | tee "$OUT/dlrm.json"

@@ -16,7 +16,7 @@ for dim in 128 256; do
   done
 done
 echo "== fused training test (one GPU)"
-CUDA_VISIBLE_DEVICES=0 timeout ${FUSED_LIMIT:-60} python3 -m pytest -q tests/gpu/test_train_fused.py -p no:cacheprovider \
+CUDA_VISIBLE_DEVICES=0 timeout ${FUSED_LIMIT:-60} python3 -m pytest -q tests/gpu/test_train_fused_gpu.py -p no:cacheprovider \
   2>&1 | tee "$OUT/fused_train_test.txt" | tail -4
 echo "== NCCL parity tests"
 timeout ${TEST_LIMIT:-210} python3 -m pytest -q tests/gpu/test_sharded_nccl.py -p no:cacheprovider 2>&1 \

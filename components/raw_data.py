@@ -15,7 +15,8 @@ def raw_data(source: str, train_files: str, valid_files: str, raw: Output[Datase
     glob patterns), or with `synth_days` synthetic days of `synth_rows` rows when `source` is "".
     Returns one item per file in input order (train files first, then valid): name, index, split and
     the valid_fraction its rows are split by (0 when valid files are given). No tracking inputs, so
-    KFP can cache it (the `track_data` task describes it in MLflow)."""
+    KFP can cache it (the `track_data` task describes it in MLflow); its cache key is the source
+    URI, not the files' content: submit with caching off when files change under the same URI."""
     import fnmatch
     import json
     from pathlib import Path

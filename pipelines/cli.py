@@ -1,4 +1,4 @@
-"""`ctrflow pipeline compile|run|submit`: flags for every pipeline parameter, then compile, run
+"""`ctrflow pipeline compile|run|submit|launch-spec`: flags for every pipeline parameter, then compile, run
 locally or submit. `ctrflow.commands.pipeline` hands its parser and arguments to this module."""
 
 from __future__ import annotations
@@ -45,6 +45,53 @@ def configure(parser: argparse.ArgumentParser) -> None:
     submit.add_argument("--pipeline-root", default=None, help="gs:// folder for Vertex AI task outputs")
     submit.add_argument("--service-account", default=None, help="service account of the Vertex AI job")
     add_parameter_flags(submit)
+    configure_launch_spec(sub)
+
+
+def configure_launch_spec(sub) -> None:
+    """`ctrflow pipeline launch-spec`: a multi-node training spec for an existing engine."""
+    from components.image import TRAIN_IMAGE
+    from pipelines.launch import KINDS
+
+    spec = sub.add_parser("launch-spec", help="write a multi-node training spec (TrainJob, PyTorchJob, Vertex AI)",
+                          description="Write the spec that runs `ctrflow train` under torchrun on NUM_NODES nodes "
+                                      "of GPUS_PER_NODE GPUs; give the train flags after `--`.")
+    spec.add_argument("--kind", required=True, choices=KINDS, help="Kubeflow Trainer v2 TrainJob, Training "
+                      "Operator PyTorchJob, or Vertex AI CustomJob")
+    spec.add_argument("--name", default="ctrflow-train", help="job name (and torchrun rendezvous id)")
+    spec.add_argument("--image", default=TRAIN_IMAGE, help=f"training image (default: {TRAIN_IMAGE})")
+    spec.add_argument("--num-nodes", type=int, default=1)
+    spec.add_argument("--gpus-per-node", type=int, default=8, help="0: one CPU process per node")
+    spec.add_argument("--namespace", default=None, help="Kubernetes namespace (trainjob, pytorchjob)")
+    spec.add_argument("--runtime", default="torch-distributed", help="ClusterTrainingRuntime (trainjob)")
+    spec.add_argument("--machine-type", default="a3-highgpu-8g", help="Vertex AI machine type (vertex)")
+    spec.add_argument("--accelerator", default="NVIDIA_H100_80GB", help="Vertex AI accelerator type (vertex)")
+    spec.add_argument("--out", default="-", help="file to write (.json: JSON, else YAML; default: stdout)")
+    spec.add_argument("train_args", nargs="*", metavar="-- TRAIN_FLAGS",
+                      help="`ctrflow train` flags, e.g. -- --data /mnt/data --out /mnt/ckpt --model dlrm")
+
+
+def write_launch_spec(args: argparse.Namespace) -> str:
+    """Build the spec `args` ask for and write it; returns where it went."""
+    import sys
+
+    import yaml
+
+    from pipelines.launch import launch_spec
+
+    options = {"trainjob": {"runtime": args.runtime, "namespace": args.namespace},
+               "pytorchjob": {"namespace": args.namespace},
+               "vertex": {"machine_type": args.machine_type, "accelerator": args.accelerator}}[args.kind]
+    spec = launch_spec(args.kind, args.name, args.image, args.train_args, args.num_nodes, args.gpus_per_node,
+                       **options)
+    text = (json.dumps(spec, indent=2) + "\n" if args.out.endswith(".json")
+            else yaml.safe_dump(spec, sort_keys=False, width=1000))
+    if args.out == "-":
+        sys.stdout.write(text)
+        return "stdout"
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text)
+    return args.out
 
 
 def parameter_values(args: argparse.Namespace) -> dict[str, Any]:
@@ -59,6 +106,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.action == "compile":
         print(f"wrote {compile_pipeline(args.out)}")
+        return 0
+    if args.action == "launch-spec":
+        where = write_launch_spec(args)
+        if where != "stdout":
+            print(f"wrote {where}")
         return 0
     arguments = parameter_values(args)
     if args.action == "run":

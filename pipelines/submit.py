@@ -35,8 +35,13 @@ def submit_vertex(project: str, region: str, pipeline_root: str, arguments: dict
         raise UserError("--vertex-project: google-cloud-aiplatform is not installed; "
                         "pip install 'ctrflow[vertex]'") from None
     aiplatform.init(project=project, location=region)
+    import yaml
+
     with tempfile.TemporaryDirectory() as tmp:
         package = compile_pipeline(Path(tmp) / "pipeline.yaml")
+        # Vertex AI reads one document: the pipeline spec (the Kubernetes platform spec is KFP's)
+        spec = next(yaml.safe_load_all(package.read_text()))
+        package.write_text(yaml.safe_dump(spec, sort_keys=False))
         job = aiplatform.PipelineJob(display_name=display_name, template_path=str(package),
                                      pipeline_root=pipeline_root, parameter_values=arguments)
         job.submit(service_account=service_account)

@@ -1,5 +1,6 @@
 """The whole KFP pipeline run by the local runner against a real MLflow server: one parent run,
-a child run per step with its metrics and artifacts, and a registered model version."""
+a child run per step with its metrics and artifacts, a registered model version tagged with its
+AUC, and the per-file preprocessing fan-out giving exactly the single-process output."""
 
 from __future__ import annotations
 
@@ -55,6 +56,7 @@ def test_export_registered_as_candidate(client, pipeline_run):
     name = pipeline_run["model_name"]
     version = client.get_model_version_by_alias(name, "candidate")
     assert str(version.version) == pipeline_run["registered_version"] == "1"
+    assert float(version.tags["auc"]) == pytest.approx(pipeline_run["auc"])  # what `ctrflow promote` compares
     export_run = child_runs(client, pipeline_run)["export"].info.run_id
     assert version.run_id == export_run
     artifact_path = version.source.rsplit("/artifacts/", 1)[1]  # the version points into the run's artifacts
@@ -67,3 +69,55 @@ def test_local_outputs_on_disk(pipeline_run):
     validation = json.loads((repository / "validation.json").read_text())
     assert validation["max_abs_diff"] <= 1e-5
     assert 0.75 <= pipeline_run["teacher_auc"] <= 0.85
+
+
+def assert_same_as_single_process(run_dir: Path, train: list, valid: list, **options) -> None:
+    """The pipeline's fan-out output equals `ctrflow preprocess` in one process on the same raw files."""
+    import pyarrow.parquet as pq
+
+    from ctrflow.data.preprocess import preprocess
+    from ctrflow.data.schema import Schema
+
+    raw, data = run_dir / "raw-data" / "raw", run_dir / "finalize-data" / "data"
+    single = run_dir.parent / f"{run_dir.name}-single"
+    preprocess([raw / n for n in train], [raw / n for n in valid], single, workers=1, **options)
+    for split in ("train", "valid"):
+        names = sorted(p.name for p in (single / split).glob("part-*.parquet"))
+        assert names and sorted(p.name for p in (data / split).glob("part-*.parquet")) == names
+        for name in names:
+            assert pq.read_table(data / split / name).equals(pq.read_table(single / split / name))
+    mine, reference = Schema.load(data), Schema.load(single)
+    assert (mine.vocab_hash, mine.cardinalities, mine.rows) == (reference.vocab_hash, reference.cardinalities,
+                                                                reference.rows)
+
+
+def test_fanned_out_preprocessing_equals_single_process(pipeline_run):
+    assert_same_as_single_process(Path(pipeline_run["run_dir"]), ["day_0.tsv"], ["day_1.tsv"], freq_threshold=2)
+
+
+def test_given_raw_files_with_valid_fraction(pipeline_run, tmp_path):
+    """Three given files (copied by raw_data, no synthesis), a held-out fraction, tracking off."""
+    import os
+    import shutil
+
+    from pipelines.local import run_local, summarize_local_run
+
+    given = tmp_path / "given"
+    given.mkdir()
+    synthetic = Path(pipeline_run["run_dir"]) / "raw-data" / "raw"
+    for i, name in enumerate(["day_0.tsv", "day_1.tsv", "day_0.tsv"]):  # a third file: a copy
+        shutil.copy(synthetic / name, given / f"part_{i}.tsv")
+    arguments = {"raw_data": str(given), "train_files": "part_*.tsv", "valid_files": "", "valid_fraction": 0.2,
+                 "freq_threshold": 3, "batch_size": 256, "embedding_dim": 4, "max_steps": 3,
+                 "mlflow_tracking_uri": "none"}
+    cwd = os.getcwd()
+    os.chdir(Path(__file__).resolve().parents[2])  # the tasks import the repository's packages
+    try:
+        run_dir = run_local(tmp_path / "root", arguments)
+    finally:
+        os.chdir(cwd)
+    summary = summarize_local_run(run_dir)
+    assert summary["rows"] > 0 and "teacher_auc" not in summary  # not synthetic: no teacher
+    assert sorted(p.name for p in (run_dir / "raw-data" / "raw").iterdir()) == [f"part_{i}.tsv" for i in range(3)]
+    assert_same_as_single_process(run_dir, [f"part_{i}.tsv" for i in range(3)], [], freq_threshold=3,
+                                  valid_fraction=0.2)

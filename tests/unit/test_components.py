@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 pytest.importorskip("kfp")
@@ -13,35 +14,55 @@ pytest.importorskip("kfp")
 from kfp import dsl  # noqa: E402
 
 import components  # noqa: E402
+from ctrflow.data.preprocess import preprocess  # noqa: E402
+from ctrflow.data.schema import Schema  # noqa: E402
+
+OFF = {"tracking_uri": "none"}  # module fixtures run before conftest's per-test tracking switch
 
 
 def artifact(kind, folder: Path, name: str):
     return kind(name=name, uri=str(folder / name), metadata={})
 
 
+def fan_out(tmp: Path, raw, files: list, freq_threshold: int = 2):
+    """count each file -> merge -> transform each file -> finalize, as the pipeline wires them."""
+    counts = [artifact(dsl.Artifact, tmp, f"counts-{f['index']}") for f in files]
+    parts = [artifact(dsl.Artifact, tmp, f"parts-{f['index']}") for f in files]
+    vocab, data = artifact(dsl.Artifact, tmp, "vocab"), artifact(dsl.Dataset, tmp, "data")
+    for file, out in zip(files, counts):
+        components.count_values.python_func(raw=raw, file=file, counts=out)
+    components.merge_counts.python_func(counts=counts, vocab=vocab, freq_threshold=freq_threshold)
+    for file, out in zip(files, parts):
+        components.transform_file.python_func(raw=raw, file=file, vocab=vocab, parts=out)
+    components.finalize_data.python_func(counts=counts, vocab=vocab, parts=parts, data=data)
+    return data
+
+
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory) -> dict:
-    """synth -> preprocess -> train -> evaluate -> export, each as its component's Python body."""
-    off = {"tracking_uri": "none"}  # module fixtures run before conftest's per-test tracking switch
+    """raw_data (synthetic) -> fan-out preprocessing -> train -> evaluate -> export, each as its
+    component's Python body."""
     tmp = tmp_path_factory.mktemp("components")
-    out = {"raw": artifact(dsl.Dataset, tmp, "raw"), "data": artifact(dsl.Dataset, tmp, "data"),
-           "checkpoint": artifact(dsl.Model, tmp, "checkpoint"), "metrics": artifact(dsl.Metrics, tmp, "metrics"),
-           "report": artifact(dsl.Artifact, tmp, "report"), "repository": artifact(dsl.Model, tmp, "repository")}
-    components.synth.python_func(rows=3000, days=2, seed=1, raw=out["raw"], **off)
-    components.preprocess.python_func(raw=out["raw"], train_files="day_0.tsv*", valid_files=" day_1.tsv* ",
-                                      data=out["data"], freq_threshold=2, **off)
+    out = {"raw": artifact(dsl.Dataset, tmp, "raw"), "checkpoint": artifact(dsl.Model, tmp, "checkpoint"),
+           "metrics": artifact(dsl.Metrics, tmp, "metrics"), "report": artifact(dsl.Artifact, tmp, "report"),
+           "repository": artifact(dsl.Model, tmp, "repository")}
+    out["files"] = components.raw_data.python_func(source="", train_files="day_0.tsv*", valid_files=" day_1.tsv* ",
+                                                   raw=out["raw"], synth_rows=3000, synth_days=2, seed=1)
+    out["data"] = fan_out(tmp, out["raw"], out["files"])
     components.train.python_func(data=out["data"], checkpoint=out["checkpoint"], batch_size=512,
-                                 embedding_dim=4, max_steps=4, **off)
+                                 embedding_dim=4, max_steps=4, **OFF)
     components.evaluate.python_func(data=out["data"], checkpoint=out["checkpoint"], metrics=out["metrics"],
-                                    report=out["report"], **off)
-    components.export.python_func(data=out["data"], checkpoint=out["checkpoint"], repository=out["repository"],
-                                  name="tiny", **off)
+                                    report=out["report"], **OFF)
+    components.export.python_func(data=out["data"], checkpoint=out["checkpoint"], report=out["report"],
+                                  repository=out["repository"], name="tiny", **OFF)
     return out
 
 
-def test_synth_and_preprocess_describe_their_data(chain):
+def test_raw_data_and_preprocess_describe_their_data(chain):
     raw, data = chain["raw"].metadata, chain["data"].metadata
     assert raw["files"] == ["day_0.tsv", "day_1.tsv"] and set(raw["teacher_auc"]) == {"day_0", "day_1"}
+    assert chain["files"] == [{"name": "day_0.tsv", "index": 0, "split": "train", "valid_fraction": 0.0},
+                              {"name": "day_1.tsv", "index": 1, "split": "valid", "valid_fraction": 0.0}]
     assert data["rows"] == {"train": 3000, "valid": 3000}
     assert data["freq_threshold"] == 2
     schema = json.loads(Path(chain["data"].path, "schema.json").read_text())
@@ -58,10 +79,59 @@ def test_train_evaluate_export_report_model_and_auc(chain):
     assert Path(repo.path, "tiny", "config.pbtxt").exists()
 
 
+def test_raw_data_copies_given_files_and_fan_out_equals_one_process(chain, tmp_path):
+    source = Path(chain["raw"].path)
+    raw = artifact(dsl.Dataset, tmp_path, "raw")
+    files = components.raw_data.python_func(source=str(source), train_files="day_*.tsv", valid_files="",
+                                            raw=raw, valid_fraction=0.25)
+    assert sorted(p.name for p in Path(raw.path).iterdir()) == ["day_0.tsv", "day_1.tsv"]  # not synth.json
+    assert [(f["split"], f["valid_fraction"]) for f in files] == [("train", 0.25), ("train", 0.25)]
+    data = Path(fan_out(tmp_path, raw, files).path)
+    single = tmp_path / "single"
+    preprocess(sorted(Path(raw.path).glob("day_*.tsv")), out=single, freq_threshold=2, valid_fraction=0.25, workers=1)
+    for split in ("train", "valid"):
+        names = sorted(p.name for p in (single / split).glob("*.parquet"))
+        assert names and sorted(p.name for p in (data / split).glob("*.parquet")) == names
+        assert all(pq.read_table(data / split / n).equals(pq.read_table(single / split / n)) for n in names)
+    mine, reference = Schema.load(data), Schema.load(single)
+    assert (mine.vocab_hash, mine.cardinalities, mine.rows) == (reference.vocab_hash, reference.cardinalities,
+                                                                reference.rows)
+
+
+def test_raw_data_names_a_missing_source_or_pattern(tmp_path):
+    with pytest.raises(RuntimeError, match="raw data .*nowhere"):
+        components.raw_data.python_func(source=str(tmp_path / "nowhere"), train_files="*.tsv", valid_files="",
+                                        raw=artifact(dsl.Dataset, tmp_path, "raw"))
+    (tmp_path / "given").mkdir()
+    (tmp_path / "given" / "a.tsv").write_text("")
+    with pytest.raises(RuntimeError, match=r"day_9.tsv\*: no file matches"):
+        components.raw_data.python_func(source=str(tmp_path / "given"), train_files="a.tsv",
+                                        valid_files="day_9.tsv*", raw=artifact(dsl.Dataset, tmp_path, "raw2"))
+
+
 def test_failed_step_raises_with_its_command(tmp_path):
     raw = artifact(dsl.Dataset, tmp_path, "raw")
     Path(raw.path).mkdir()
     Path(raw.path, "day_0.tsv").write_text("1\t2\n")  # 2 fields instead of 40
-    with pytest.raises(RuntimeError, match="ctrflow preprocess"):
-        components.preprocess.python_func(raw=raw, train_files="day_0.tsv", valid_files="",
-                                          data=artifact(dsl.Dataset, tmp_path, "data"))
+    file = {"name": "day_0.tsv", "index": 0, "split": "train", "valid_fraction": 0.0}
+    with pytest.raises(RuntimeError, match="ctrflow preprocess count"):
+        components.count_values.python_func(raw=raw, file=file, counts=artifact(dsl.Artifact, tmp_path, "counts"))
+
+
+def test_track_data_logs_synth_and_preprocess_child_runs(chain, tmp_path):
+    mlflow = pytest.importorskip("mlflow")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    from ctrflow.tracking import start_pipeline_run
+
+    parent = start_pipeline_run(uri, "t", "pipeline", "kfp-1", {"seed": 1})
+    components.track_data.python_func(raw=chain["raw"], data=chain["data"], tracking_uri=uri, experiment="t",
+                                      parent_run_id=parent, kfp_run_id="kfp-1")
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("t").experiment_id],
+                              f"tags.`mlflow.parentRunId` = '{parent}'")
+    by_step = {r.data.tags["ctrflow.step"]: r for r in runs}
+    assert set(by_step) == {"synth", "preprocess"}
+    assert by_step["preprocess"].data.metrics["rows_train"] == 3000
+    assert by_step["preprocess"].data.tags["vocab_hash"] == chain["data"].metadata["vocab_hash"]
+    assert by_step["synth"].data.metrics["teacher_auc_day_1"] == chain["raw"].metadata["teacher_auc"]["day_1"]
+    assert all(r.data.tags["kfp.run_id"] == "kfp-1" for r in runs)

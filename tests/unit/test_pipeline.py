@@ -1,4 +1,5 @@
-"""The pipeline definition: committed IR is current, GPU requests only on the GPU branch, the CLI
+"""The pipeline definition: committed IR is current, one train task for CPU and GPUs, preprocessing
+fanned out and cacheable, the CLI
 maps flags to parameters, and `submit` sends the KFP v2beta1 API what a real server expects."""
 
 from __future__ import annotations
@@ -32,18 +33,72 @@ def test_committed_pipeline_yaml_is_current(compiled):
         "pipeline.yaml is stale: run `ctrflow pipeline compile` and commit it"
 
 
-def test_only_gpu_branch_tasks_request_gpus(compiled):
-    spec = yaml.safe_load(compiled.read_text())
+def load_spec(path: Path) -> dict:
+    """The pipeline spec with its Kubernetes platform spec (the YAML's second document) under `platforms`."""
+    spec, *platform = yaml.safe_load_all(path.read_text())
+    return {**spec, **(platform[0] if platform else {})}
+
+
+def tasks_of(spec: dict) -> dict:
+    """Every task of the compiled pipeline by name, loops and exit handler included."""
+    return {name: task for dag in spec["components"].values() if "dag" in dag
+            for name, task in dag["dag"]["tasks"].items()}
+
+
+def test_one_train_task_serves_cpu_and_gpus(compiled):
+    spec = load_spec(compiled)
     executors = spec["deploymentSpec"]["executors"]
-    requesting = {name for name, ex in executors.items() if "accelerator" in ex.get("container", {}).get("resources", {})}
-    trains = {name for name in executors if name.startswith("exec-train")}
-    assert len(requesting) == 2 and requesting < trains  # one GPU train per data branch, the CPU ones ask nothing
-    for name in requesting:
-        accelerator = executors[name]["container"]["resources"]["accelerator"]
-        assert accelerator["resourceCount"] == "{{$.inputs.parameters['pipelinechannel--num_gpus']}}"
+    assert {n for n in executors if n.startswith(("exec-train", "exec-evaluate", "exec-export"))} == {
+        "exec-train", "exec-evaluate", "exec-export"}  # no per-branch copies
+    requesting = {n for n, ex in executors.items() if "accelerator" in ex["container"].get("resources", {})}
+    assert requesting == {"exec-train"}
+    accelerator = executors["exec-train"]["container"]["resources"]["accelerator"]
+    assert accelerator["resourceCount"] == "{{$.inputs.parameters['pipelinechannel--num_gpus']}}"
+    # the type comes from a task that answers "" on CPU: the KFP driver then sets no GPU limit at all
+    assert accelerator["resourceType"] == "{{$.inputs.parameters['pipelinechannel--accelerator-type-Output']}}"
+    assert "accelerator-type" in tasks_of(spec)["train"]["dependentTasks"]
+    shm = spec["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-train"]["emptyDirMounts"]
+    assert shm == [{"medium": "Memory", "mountPath": "/dev/shm", "sizeLimit": "16Gi", "volumeName": "dshm"}]
     assert set(spec["root"]["inputDefinitions"]["parameters"]) >= {
         "raw_data", "model", "freq_threshold", "epochs", "batch_size", "num_gpus", "mlflow_tracking_uri",
         "mlflow_experiment"}
+
+
+def test_accelerator_type_is_empty_without_gpus():
+    import components
+
+    assert components.accelerator_type.python_func(num_gpus=0, gpu_type="nvidia.com/gpu") == ""
+    assert components.accelerator_type.python_func(num_gpus=4, gpu_type="nvidia.com/gpu") == "nvidia.com/gpu"
+
+
+def test_preprocessing_fans_out_over_the_raw_files(compiled):
+    spec = load_spec(compiled)
+    loops = [c for c in spec["components"].values() if "dag" in c and "count-values" in c["dag"]["tasks"]
+             or "dag" in c and "transform-file" in c["dag"]["tasks"]]
+    assert len(loops) == 2
+    tasks = tasks_of(spec)
+    for name in ("for-loop-2", "for-loop-3"):
+        iterator = tasks[name]["parameterIterator"]
+        assert iterator["items"]["inputParameter"] == "pipelinechannel--raw-data-Output"
+    assert {"merge-counts", "finalize-data"} <= set(tasks)
+    assert "count-values" in str(tasks["merge-counts"]["inputs"])  # collected from the count loop
+
+
+def test_data_tasks_are_cacheable_across_runs(compiled):
+    spec = load_spec(compiled)
+    tasks = tasks_of(spec)
+    for name in ("raw-data", "count-values", "merge-counts", "transform-file", "finalize-data"):
+        inputs = yaml.safe_dump(tasks[name]["inputs"])
+        assert "start-run" not in inputs and "PIPELINE_JOB_ID" not in inputs and "pipeline_job" not in inputs, name
+        assert tasks[name]["cachingOptions"] == {"enableCache": True}, name
+    assert tasks["track-data"]["cachingOptions"] == {}  # always logs the data to this run
+    assert "start-run" in yaml.safe_dump(tasks["track-data"]["inputs"])
+
+
+def test_export_gets_evaluate_report(compiled):
+    tasks = tasks_of(load_spec(compiled))
+    report = tasks["export"]["inputs"]["artifacts"]["report"]["taskOutputArtifact"]
+    assert report == {"outputArtifactKey": "report", "producerTask": "evaluate"}
 
 
 def test_cli_flags_become_pipeline_parameters():
@@ -108,8 +163,11 @@ def test_submit_posts_compiled_spec_and_parameters(kfp_api):
     assert posted["/apis/v2beta1/experiments"]["display_name"] == "ctr-exp"
     run = posted["/apis/v2beta1/runs"]
     assert run["display_name"] == "nightly" and run["experiment_id"] == "exp-1"
-    assert run["pipeline_spec"]["pipelineInfo"]["name"] == "ctrflow"
-    assert "exec-train" in run["pipeline_spec"]["deploymentSpec"]["executors"]
+    # with a Kubernetes platform spec the API takes both, side by side
+    pipeline, platform = run["pipeline_spec"]["pipeline_spec"], run["pipeline_spec"]["platform_spec"]
+    assert pipeline["pipelineInfo"]["name"] == "ctrflow"
+    assert "exec-train" in pipeline["deploymentSpec"]["executors"]
+    assert "exec-train" in platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     assert run["runtime_config"]["parameters"] == {"synth_rows": 1000, "model": "dcnv2"}
 
 
