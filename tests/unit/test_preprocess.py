@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ctrflow.cli import main
+from ctrflow.data.output import file_digest
 from ctrflow.data.preprocess import preprocess
 from ctrflow.data.schema import DENSE, SPARSE, Schema
 from ctrflow.data.transform import transform_raw
@@ -67,7 +68,9 @@ def test_ids_follow_the_conventions(tmp_path):
     assert Vocabularies.load(out).hash() == schema.vocab_hash
     assert Vocabularies.load(out).cardinalities() == schema.cardinalities
     assert schema.rows == {"train": 11, "valid": 4} and schema.freq_threshold == 2
-    assert {f["split"] for f in schema.files} == {"train", "valid"} and all(len(f["sha256"]) == 64 for f in schema.files)
+    assert {f["split"] for f in schema.files} == {"train", "valid"}
+    assert all(f["digest"] == file_digest(Path(f["path"])) and f["digest"].startswith("sha256-tree-64MiB:")
+               for f in schema.files)
     assert str(table(out).schema.field("C1").type) == "int32" and str(table(out).schema.field("I1").type) == "float"
 
 

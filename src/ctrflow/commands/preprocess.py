@@ -25,8 +25,9 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
     from ctrflow.data.engines import ENGINES
 
     parser.add_argument("--engine", default="cpu", choices=ENGINES,
-                        help="categorify/dense engine: cpu (numpy), torch (on --device, after CPU parsing), cudf")
-    parser.add_argument("--device", default="cuda", help="torch device of --engine torch (cuda, cuda:1, cpu)")
+                        help="cpu (numpy workers); torch (categorify on --device after CPU parsing); "
+                             "gpu (parse, count and transform on --device, one process); cudf")
+    parser.add_argument("--device", default="cuda", help="torch device of --engine torch/gpu (cuda, cuda:1, cpu)")
 
 
 def _file_flags(parser: argparse.ArgumentParser, chunk_rows: int) -> None:

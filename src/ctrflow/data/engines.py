@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from ctrflow.data.schema import OOV_ID
 from ctrflow.errors import UserError
 
-ENGINES = ("cpu", "torch", "cudf")
+ENGINES = ("cpu", "torch", "gpu", "cudf")
 CUDF_HINT = "cudf engine needs the `gpu` extra (cudf-cu12) and a CUDA GPU"
 
 
@@ -173,10 +173,10 @@ class CudfEngine(CpuEngine):
 
 
 def make_engine(name: str = "cpu", device: str = "cuda"):
-    """The engine called `name` ("cpu", "torch" on `device`, "cudf"); a clear UserError where it cannot run."""
+    """The engine called `name` ("cpu", "torch" or "gpu" on `device`, "cudf"); a clear UserError where it cannot run."""
     if name == "cpu":
         return CpuEngine()
-    if name == "torch":
+    if name in ("torch", "gpu"):  # "gpu" parses on the device in `gpu_engine`; per-block stages use torch
         return TorchEngine(device)
     if name == "cudf":
         return CudfEngine(device)

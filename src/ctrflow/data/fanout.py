@@ -2,7 +2,7 @@
 transform → finalize, giving exactly what one `preprocess` call gives.
 
 - `count_file`: one file's fit pass → COUNTS_DIR (sorted run files, other-string counts, per-block
-  row records, the file's accounting and sha256).
+  row records, the file's accounting and content digest).
 - `merge_counts`: every COUNTS_DIR → MERGED_DIR (vocab/, and merge.json: each file's first Parquet part
   number per split, so parts are numbered as one process numbers them).
 - `transform_file`: one file, parsed again → PARTS_DIR/{train,valid}/part-NNNNN.parquet.
@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from ctrflow.data.accounting import collect_stats, file_stats
 from ctrflow.data.counting import SPILL_ENTRIES
 from ctrflow.data.criteo import expand_inputs
-from ctrflow.data.output import check_out_dir, publish, sha256_file
+from ctrflow.data.output import check_out_dir, file_digest, publish
 from ctrflow.data.passes import FitStage
 from ctrflow.data.preprocess import (DEFAULT_CHUNK_ROWS, DEFAULT_COMPRESSION, RANGE_ENTRIES, build_vocabulary,
                                      fit_pass, transform_pass, write_metadata)
@@ -84,7 +84,7 @@ def count_file(input: str | os.PathLike, out: str | os.PathLike, file_index: int
         runs.append(f"runs/run-{i:05d}.arrow")
         os.replace(run, out / runs[-1])
     _write_other(out / OTHER, finals)
-    summary = {"file_index": file_index, "path": str(path.resolve()), "split": kind, "sha256": sha256_file(path),
+    summary = {"file_index": file_index, "path": str(path.resolve()), "split": kind, "digest": file_digest(path, workers),
                "stats": stats, "warnings": warnings, "runs": runs, "chunk_rows": chunk_rows,
                "records": [{"cache": r["cache"], "rows": r["rows"], "missing": r["missing"].tolist()} for r in records],
                "seconds": round(time.perf_counter() - started, 3)}
@@ -235,7 +235,7 @@ def _stats(found, merged: Path, plan: dict, part_dirs) -> tuple[dict, list, list
                           found[0][1]["chunk_rows"] if found else DEFAULT_CHUNK_ROWS)
     stats["passes"]["total_seconds"] = round(sum(passes.values()), 3)
     files = [(Path(c["path"]), c["split"]) for _, c in found]
-    return stats, files, [c["sha256"] for _, c in found]
+    return stats, files, [c["digest"] for _, c in found]
 
 
 def _gather_rejected(found, tmp: Path) -> None:

@@ -48,7 +48,8 @@ def preprocess(train: Sequence[str], valid: Sequence[str] = (), out: str | os.Pa
                range_entries: int = RANGE_ENTRIES, device: str = "cuda") -> dict:
     """Preprocess raw files into `out`; returns the summary (rows, cardinalities, vocab hash, seconds).
     `engine`: "cpu" (numpy), "torch" (categorify and dense transform on torch `device`, after CPU
-    parsing) or "cudf"; the output is the same whichever runs.
+    parsing), "gpu" (parsing too, in this process, on torch `device`: `gpu_engine`) or "cudf"; the
+    output is the same whichever runs.
 
     Memory: each worker holds one block (`chunk_rows`) and at most `spill_entries` (value, count)
     pairs; the final merge holds `range_entries` pairs per column at a time."""
@@ -94,7 +95,7 @@ def write_metadata(tmp: Path, out: Path, files, digests: list[str], stats: dict,
     """Write schema.json, stats.json and the HugeCTR/NVTabular metadata into `tmp` (to be published at `out`)."""
     schema = Schema(cardinalities=stats.pop("cardinalities"), freq_threshold=freq_threshold,
                     rows=dict(stats["rows"]), vocab_hash=stats.pop("vocab_hash"),
-                    files=[{"path": str(Path(p).resolve()), "bytes": Path(p).stat().st_size, "sha256": d,
+                    files=[{"path": str(Path(p).resolve()), "bytes": Path(p).stat().st_size, "digest": d,
                             "split": "train+valid" if s == "split" else s}
                            for (p, s), d in zip(files, digests)])
     (tmp / "stats.json").write_text(json.dumps(stats, indent=2) + "\n")
@@ -187,6 +188,14 @@ def _run(files, tmp: Path, threshold: int, fraction: float, workers: int, on_bad
          chunk_rows: int, progress: bool, compression: str, spill_entries: int = SPILL_ENTRIES,
          range_entries: int = RANGE_ENTRIES, engine: str = "cpu", device: str = "cuda") -> dict:
     """Both passes; returns stats (with cardinalities and vocab hash for the schema)."""
+    if engine == "gpu":
+        from ctrflow.data.gpu_preprocess import UnsupportedInput, run_gpu
+
+        try:
+            return run_gpu(files, tmp, threshold, fraction, workers, on_bad_rows, seed, chunk_rows, progress,
+                           compression, device)
+        except UnsupportedInput:  # e.g. C values not 8 hex digits: the CPU engine's path, same output
+            engine = "cpu"
     fit = FitStage([str(p) for p, _ in files], [s for _, s in files], str(tmp / "cache"), fraction, seed,
                    stop_at_bad_row=on_bad_rows == "error", run_dir=str(tmp / "runs"), spill_entries=spill_entries,
                    engine=engine, device=device)

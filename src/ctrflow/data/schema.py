@@ -29,7 +29,7 @@ class Schema:
     freq_threshold: int
     rows: dict[str, int]  # {"train": n, "valid": n}
     vocab_hash: str  # sha256 over the vocabularies, so a checkpoint can tell its data
-    files: list[dict] = field(default_factory=list)  # input files: path, bytes, sha256, split
+    files: list[dict] = field(default_factory=list)  # input files: path, bytes, digest, split
     dense_transform: str = DENSE_TRANSFORM
     columns: dict[str, str] = field(
         default_factory=lambda: {LABEL: "float32", **{c: "float32" for c in DENSE}, **{c: "int32" for c in SPARSE}}
