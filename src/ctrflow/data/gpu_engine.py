@@ -5,16 +5,16 @@ device parser does not take is parsed by the CPU engine's parser instead (same p
 line numbers, same skip accounting); its valid rows join the device rows. Training values are counted
 with `torch.unique` on (column, value) keys, merged across groups. The parsed columns stay on the
 device between the passes while they fit (`resident_bytes`), else in host memory.
-Vocabulary: values reaching the threshold, ordered as the CPU engine orders them (count descending,
-ties by value bytes, with pyarrow). Transform: ids by `searchsorted` on the device, then the Parquet
-parts of the CPU engine's blocks, written by threads. Inputs whose categorical values are not all
-8 lowercase hex digits raise `UnsupportedInput`: the caller runs the CPU engine instead.
+Vocabulary: values reaching the threshold, ranked on the device as the CPU engine orders them (count
+descending, ties by value bytes); its tables are built on the CPU beside the transform. Transform: ids
+by `searchsorted` on the device, then the Parquet parts of the CPU engine's blocks, written by threads.
+Inputs whose categorical values are not all 8 lowercase hex digits raise `UnsupportedInput`: the caller
+runs the CPU engine instead.
 """
 
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,10 +26,10 @@ import pyarrow.parquet as pq
 from ctrflow.data import gpu_read
 from ctrflow.data.criteo import count_lines, line_starts, parse_block, read_block
 from ctrflow.data.engines import _LOG1P_TABLE, LOG1P_TABLE_SIZE, dense_inputs
-from ctrflow.data.gpu_parse import Tables, hex_strings, hex_values, parse_lines
+from ctrflow.data.gpu_parse import HEX_DIGITS, Tables, hex_values, parse_lines
 from ctrflow.data.gpu_read import Group, GroupReader
 from ctrflow.data.passes import rows_in_valid
-from ctrflow.data.schema import DENSE, LABEL, MISSING_ID, OOV_ID, SPARSE
+from ctrflow.data.schema import DENSE, FIRST_ID, LABEL, MISSING_ID, OOV_ID, SPARSE
 from ctrflow.data.vocab import encode_keys, keys_to_strings
 from ctrflow.errors import UserError
 
@@ -75,6 +75,7 @@ class GpuEngine:
         self.paths, self.splits, self.fraction, self.seed = paths, splits, fraction, seed
         self.stop_at_bad_row, self.threads = stop_at_bad_row, threads
         self.tables = Tables(torch, self.device)
+        self.hex_digits = torch.from_numpy(HEX_DIGITS.copy()).to(self.device)
         self.log1p = torch.from_numpy(_LOG1P_TABLE).to(self.device)
         self.columns = torch.arange(len(SPARSE), device=self.device, dtype=torch.int64).unsqueeze(1) << COLUMN_SHIFT
         self.keys = torch.zeros(0, dtype=torch.int64, device=self.device)  # counted (column, value) keys, sorted
@@ -207,31 +208,26 @@ class GpuEngine:
         out[large] = self.torch.log1p(raw[large].to(self.torch.float64)).to(self.torch.float32)
         return out
 
-    def vocabulary(self, threshold: int) -> tuple[dict[str, pa.Table], dict[str, int]]:
-        """({column: table value/count in id order}, {column: distinct training values}); keeps the id map."""
+    def order_vocabulary(self, threshold: int) -> tuple[np.ndarray, ...]:
+        """Rank the values reaching `threshold` on the device and keep the id map `ids` uses: per column,
+        count descending, ties by value (for 8 lowercase hex digits the numeric order is the strings' byte
+        order, so this is the CPU engine's pyarrow sort). Returns host arrays for `vocabulary_tables`:
+        (value string keys uint64 and counts, both in id order, column bounds [27], distinct [26])."""
         torch = self.torch
-        distinct = torch.bincount(self.keys >> COLUMN_SHIFT, minlength=len(SPARSE)).cpu().numpy()
+        distinct = torch.bincount(self.keys >> COLUMN_SHIFT, minlength=len(SPARSE))
         kept = self.counts >= threshold
-        keys, counts = self.keys[kept].cpu().numpy(), self.counts[kept].cpu().numpy()
-        column_of = keys >> COLUMN_SHIFT
-        bounds = np.searchsorted(column_of, np.arange(len(SPARSE) + 1))
-
-        def order(j: int):
-            lo, hi = bounds[j], bounds[j + 1]
-            values = keys_to_strings(hex_strings(keys[lo:hi] & 0xFFFFFFFF))
-            table = pa.table({"value": values, "count": pa.array(counts[lo:hi].astype(np.int64))})
-            ranking = pc.sort_indices(table, sort_keys=[("count", "descending"), ("value", "ascending")])
-            return table.take(ranking), ranking.to_numpy().astype(np.int64)
-
-        with ThreadPoolExecutor(self.threads) as threads:  # pyarrow sorts release the GIL
-            ordered = list(threads.map(order, range(len(SPARSE))))
-        ids = np.empty(len(keys), dtype=np.int32)
-        for j, (_, ranking) in enumerate(ordered):
-            ids[bounds[j] + ranking] = np.arange(len(ranking), dtype=np.int32) + 2
-        self.vocab_keys = torch.from_numpy(keys).to(self.device)
-        self.vocab_ids = torch.from_numpy(ids).to(self.device)
-        return ({name: ordered[j][0] for j, name in enumerate(SPARSE)},
-                {name: int(distinct[j]) for j, name in enumerate(SPARSE)})
+        keys, counts = self.keys[kept], self.counts[kept]  # sorted by (column, value)
+        by_count = torch.sort(-counts, stable=True).indices  # stable: equal counts stay in value order
+        order = by_count[torch.sort(keys[by_count] >> COLUMN_SHIFT, stable=True).indices]  # then by column
+        column = keys[order] >> COLUMN_SHIFT
+        bounds = torch.searchsorted(column, torch.arange(len(SPARSE) + 1, device=self.device))
+        ids = torch.empty(len(keys), dtype=torch.int32, device=self.device)
+        ids[order] = (torch.arange(len(order), device=self.device) - bounds[column] + FIRST_ID).to(torch.int32)
+        self.vocab_keys, self.vocab_ids = keys, ids
+        shifts = torch.arange(28, -1, -4, device=self.device)  # most significant digit first: byte 0
+        digits = self.hex_digits[(keys[order].unsqueeze(1) >> shifts) & 15]  # uint8 [V, 8]: the value strings
+        digits, counts, bounds, distinct = self.to_host(digits, counts[order], bounds, distinct)
+        return digits.view("<u8").reshape(-1), counts, bounds, distinct
 
     def ids(self, rows: Rows):
         """int32 [26, R] ids of a group's categorical values (a tensor on the device)."""
@@ -270,6 +266,16 @@ def _result(file_index: int, lines: int, problems=(), truncated=False, tail=b"")
     return {"file": file_index, "lines": lines, "rows": {"train": 0, "valid": 0}, "problems": list(problems),
             "truncated": truncated, "tail": tail, "cache": None,
             "missing": np.zeros(len(DENSE) + len(SPARSE), dtype=np.int64)}
+
+
+def vocabulary_tables(ordered: tuple[np.ndarray, ...]) -> tuple[dict[str, pa.Table], dict[str, int]]:
+    """`GpuEngine.order_vocabulary`'s arrays → ({column: table value/count in id order}, {column: distinct
+    training values}); CPU work only (pyarrow casts), so it can run beside the transform."""
+    keys, counts, bounds, distinct = ordered
+    tables = {name: pa.table({"value": keys_to_strings(keys[bounds[j]:bounds[j + 1]]),
+                              "count": pa.array(counts[bounds[j]:bounds[j + 1]].astype(np.int64))})
+              for j, name in enumerate(SPARSE)}
+    return tables, {name: int(distinct[j]) for j, name in enumerate(SPARSE)}
 
 
 def write_parts(rows: Rows, ids: np.ndarray, label: np.ndarray, dense: np.ndarray, block: int,

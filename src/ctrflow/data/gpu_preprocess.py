@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ctrflow.data.accounting import account_block, collect_stats, file_stats
-from ctrflow.data.gpu_engine import GpuEngine, UnsupportedInput, write_parts
+from ctrflow.data.gpu_engine import GpuEngine, UnsupportedInput, vocabulary_tables, write_parts
 from ctrflow.data.vocab import write_vocab
 
 __all__ = ["run_gpu", "UnsupportedInput"]
@@ -36,14 +36,22 @@ def run_gpu(files, tmp: Path, threshold: int, fraction: float, workers: int, on_
     finally:
         engine.reader.close()
     t1 = time.perf_counter()
-    tables, distinct = engine.vocabulary(threshold)
-    write_vocab(tmp, tables)
+    ordered = engine.order_vocabulary(threshold)
     t2 = time.perf_counter()
-    rows = transform_pass(engine, groups, records, str(tmp), compression, workers)
+    with ThreadPoolExecutor(1) as side:  # the vocabulary files are made while the parts are written
+        vocabulary = side.submit(_write_vocabulary, tmp, ordered)
+        rows = transform_pass(engine, groups, records, str(tmp), compression, workers)
+        tables, distinct = vocabulary.result()
     t3 = time.perf_counter()
     passes = {"fit_seconds": round(t1 - t0, 3), "vocab_seconds": round(t2 - t1, 3),
               "transform_seconds": round(t3 - t2, 3)}
     return collect_stats(records, per_file, distinct, tables, rows, warnings, passes, workers, chunk_rows)
+
+
+def _write_vocabulary(tmp: Path, ordered) -> tuple[dict, dict]:
+    tables, distinct = vocabulary_tables(ordered)
+    write_vocab(tmp, tables)
+    return tables, distinct
 
 
 def fit_pass(engine: GpuEngine, files, tmp: Path, block_bytes: dict[int, int], on_bad_rows: str, per_file,
