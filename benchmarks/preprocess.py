@@ -1,7 +1,7 @@
 """Preprocess speed vs pyarrow merely parsing the same file; prints one JSON line.
 
     python benchmarks/preprocess.py [--rows 1000000] [--workers N] [--hugectr-script PATH]
-                                    [--engine cpu|torch|gpu|cudf] [--device cuda|cpu]
+                                    [--engine cpu|gpu] [--device cuda|cpu]
 
 Synthetic Criteo-format rows (`ctrflow.data.synth`; a plain numpy generator where that is absent)
 are written once to a work directory. Then, in the same run: pyarrow.csv.read_csv of the file
@@ -148,8 +148,8 @@ def run_hugectr(script: str, raw: Path, work: Path) -> float:
 
 
 def gpu_name(args) -> str | None:
-    """The GPU the torch engine ran on (torch imported only for that engine)."""
-    if args.engine not in ("torch", "gpu") or not args.device.startswith("cuda"):
+    """The GPU the gpu engine ran on (torch imported only for that engine)."""
+    if args.engine != "gpu" or not args.device.startswith("cuda"):
         return None
     import torch
 
@@ -165,8 +165,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=2, help="best of this many timings of each")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", default=None, help="keep the input and outputs here")
-    parser.add_argument("--engine", default="cpu", help="preprocess --engine (cpu, torch, gpu, cudf)")
-    parser.add_argument("--device", default="cuda", help="torch device of --engine torch or gpu")
+    parser.add_argument("--engine", default="cpu", help="preprocess --engine (cpu, gpu)")
+    parser.add_argument("--device", default="cuda", help="torch device of --engine gpu")
     parser.add_argument("--hugectr-script", default=None,
                         help="HugeCTR's tools/criteo_script/preprocess.py, run on the same file")
     args = parser.parse_args(argv)
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
         "input_plain_sha256_seconds": round(sha256_seconds, 3),
         "peak_pss_mb": round(peak / 2 ** 20, 1),
         "distinct_values": sum(c.get("distinct_train", 0) for c in stats["columns"].values()),
-        "engine": args.engine, "device": args.device if args.engine in ("torch", "gpu") else None,
+        "engine": args.engine, "device": args.device if args.engine == "gpu" else None,
         "gpu": gpu_name(args),
         "workers": stats["workers"], "chunk_rows": stats["chunk_rows"], "cpus": os.cpu_count(), "machine": platform.node(),
         "load_average_1m": round(os.getloadavg()[0], 2),

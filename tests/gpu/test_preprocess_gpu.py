@@ -1,4 +1,4 @@
-"""The torch and gpu engines on a CUDA GPU give exactly the CPU engine's output."""
+"""The gpu engine on a CUDA GPU gives exactly the CPU engine's output and bad-row accounting."""
 
 from __future__ import annotations
 
@@ -9,25 +9,12 @@ import pytest
 import torch
 
 from ctrflow.data.preprocess import preprocess
-from ctrflow.data.schema import Schema
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
 from test_preprocess import random_rows, row, write  # noqa: E402
 from test_preprocess_fanout import _assert_same_dataset  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-
-
-@pytest.mark.parametrize("workers", [1, 2])
-def test_torch_cuda_engine_output_is_identical_to_cpu(tmp_path, workers):
-    src = write(tmp_path / "in.tsv", random_rows(3000, seed=5))
-    outs = {}
-    for engine, device in (("cpu", "cpu"), ("torch", "cuda")):
-        outs[engine] = tmp_path / engine
-        preprocess([src], out=outs[engine], freq_threshold=2, valid_fraction=0.2, workers=workers,
-                   chunk_rows=700, engine=engine, device=device, seed=3)
-    _assert_same_dataset(outs["torch"], outs["cpu"])
-    assert Schema.load(outs["torch"]).rows["train"] > 0
 
 
 @pytest.mark.parametrize("on_bad_rows", ["error", "skip"])

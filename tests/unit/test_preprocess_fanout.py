@@ -13,13 +13,13 @@ from ctrflow.data.schema import Schema
 from test_preprocess import random_rows, row, write
 
 
-def _fan_out(tmp_path, files, valid_fraction=None, on_bad_rows="error", chunk_rows=150):
+def _fan_out(tmp_path, files, valid_fraction=None, on_bad_rows="error", chunk_rows=150, engine="cpu"):
     """Run the four CLI actions as a KFP fan-out would, each file on its own 'machine'."""
     counts, parts = [], []
     for index, (path, split) in enumerate(files):
         counts.append(str(tmp_path / f"counts-{index}"))
         flags = ["--input", path, "--file-index", str(index), "--split", split, "--chunk-rows", str(chunk_rows),
-                 "--on-bad-rows", on_bad_rows, "--seed", "7"]
+                 "--on-bad-rows", on_bad_rows, "--seed", "7", "--engine", engine, "--device", "cpu"]
         flags += ["--valid-fraction", str(valid_fraction)] if valid_fraction else []
         assert main(["preprocess", "count", *flags, "--out", counts[-1]]) == 0
     merged = str(tmp_path / "merged")
@@ -27,7 +27,7 @@ def _fan_out(tmp_path, files, valid_fraction=None, on_bad_rows="error", chunk_ro
     for index, (path, split) in enumerate(files):
         parts.append(str(tmp_path / f"parts-{index}"))
         flags = ["--input", path, "--file-index", str(index), "--split", split, "--chunk-rows", str(chunk_rows),
-                 "--on-bad-rows", on_bad_rows, "--seed", "7"]
+                 "--on-bad-rows", on_bad_rows, "--seed", "7", "--engine", engine, "--device", "cpu"]
         flags += ["--valid-fraction", str(valid_fraction)] if valid_fraction else []
         assert main(["preprocess", "transform", *flags, "--vocab", merged, "--out", parts[-1]]) == 0
     out = tmp_path / "fanned"
@@ -57,8 +57,8 @@ def test_fan_out_per_file_equals_single_process(tmp_path):
     files.append((write(tmp_path / "valid.tsv", random_rows(400, seed=9)), "valid"))
     reference = tmp_path / "single"
     preprocess([p for p, s in files if s == "train"], [p for p, s in files if s == "valid"], reference,
-               freq_threshold=3, workers=1, chunk_rows=150, seed=7)
-    _assert_same_dataset(_fan_out(tmp_path, files), reference)
+               freq_threshold=3, workers=1, chunk_rows=150, seed=7, engine="gpu", device="cpu")
+    _assert_same_dataset(_fan_out(tmp_path, files, engine="gpu"), reference)
 
 
 def test_fan_out_with_valid_fraction_and_skipped_rows(tmp_path):

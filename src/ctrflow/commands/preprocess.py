@@ -2,7 +2,7 @@
 
 `ctrflow preprocess --train ... --out DIR` does everything in one process tree. For many machines the
 same work is split per input file (`ctrflow.data.fanout`): `count` (each file) → `merge` → `transform`
-(each file) → `finalize`, with the same output.
+(each file) → `finalize`, with the same output; the per-file steps run the CPU engine whatever `--engine` says.
 """
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ ACTIONS = {
 
 
 def _engine_flags(parser: argparse.ArgumentParser) -> None:
-    from ctrflow.data.engines import ENGINES
-
-    parser.add_argument("--engine", default="cpu", choices=ENGINES,
-                        help="cpu (numpy workers); torch (categorify on --device after CPU parsing); "
-                             "gpu (parse, count and transform on --device, one process); cudf")
-    parser.add_argument("--device", default="cuda", help="torch device of --engine torch/gpu (cuda, cuda:1, cpu)")
+    # no argparse choices: a retired engine (cudf) gets a one-line error saying what to use instead
+    parser.add_argument("--engine", default="cpu", metavar="{cpu,gpu}",
+                        help="cpu (numpy workers); gpu (parse, count and transform on --device, one process; "
+                             "the per-file steps run on the CPU); same output either way")
+    parser.add_argument("--device", default="cuda", help="torch device of --engine gpu (cuda, cuda:1, cpu)")
 
 
 def _file_flags(parser: argparse.ArgumentParser, chunk_rows: int) -> None:
@@ -99,11 +98,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def _run_action(args: argparse.Namespace) -> dict:
     from ctrflow.data import fanout
+    from ctrflow.data.engines import check_engine
 
+    if args.action in ("count", "transform"):
+        check_engine(args.engine)  # either engine: these steps run the CPU engine's passes (same output)
     per_file = {} if args.action in ("merge", "finalize") else dict(
         file_index=args.file_index, split=args.split, valid_fraction=args.valid_fraction, seed=args.seed,
-        chunk_rows=args.chunk_rows, on_bad_rows=args.on_bad_rows, workers=args.workers, engine=args.engine,
-        device=args.device)
+        chunk_rows=args.chunk_rows, on_bad_rows=args.on_bad_rows, workers=args.workers)
     if args.action == "count":
         summary = fanout.count_file(args.input, args.out, **per_file)
         return {"out": args.out, "file_index": args.file_index, **summary["stats"]}

@@ -9,7 +9,8 @@ transform → finalize, giving exactly what one `preprocess` call gives.
 - `finalize`: vocab + every PARTS_DIR + the counts → the dataset (schema.json, stats.json, metadata),
   published atomically.
 A file is named by its index in the input order (`file_index`: train files first, then valid): it
-seeds the `--valid-fraction` coin and orders the parts, as in the single-process run.
+seeds the `--valid-fraction` coin and orders the parts, as in the single-process run. The per-file
+steps run the CPU engine's passes (`passes`), whatever engine the single-process run would use.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def _fit_file(path: Path, kind: str, index: int, work: Path, count: bool, **opti
     fit = FitStage({index: str(path)}, {index: kind}, str(work / "cache") if not count else "",
                    options["valid_fraction"] or 0.0, options["seed"], stop_at_bad_row=options["on_bad_rows"] == "error",
                    run_dir=str(work / "runs"), spill_entries=options.get("spill_entries", SPILL_ENTRIES),
-                   count=count, engine=options.get("engine", "cpu"), device=options.get("device", "cuda"))
+                   count=count)
     per_file, warnings = {index: file_stats(path, kind)}, []
     records, finals = fit_pass(fit, [(index, (path, kind))], work, options["workers"], options["chunk_rows"],
                                False, per_file, warnings)
@@ -69,16 +70,14 @@ def _fit_file(path: Path, kind: str, index: int, work: Path, count: bool, **opti
 
 def count_file(input: str | os.PathLike, out: str | os.PathLike, file_index: int = 0, split: str = "train",
                valid_fraction: float | None = None, seed: int = 0, chunk_rows: int = DEFAULT_CHUNK_ROWS,
-               on_bad_rows: str = "error", workers: int = 1, engine: str = "cpu", device: str = "cuda",
-               spill_entries: int = SPILL_ENTRIES) -> dict:
+               on_bad_rows: str = "error", workers: int = 1, spill_entries: int = SPILL_ENTRIES) -> dict:
     """Count one training (or validation) file's values into `out`; returns its accounting."""
     path, kind, out = _one_file(input), _split_kind(split, valid_fraction), Path(out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     records, stats, warnings, finals = _fit_file(path, kind, file_index, out, True, valid_fraction=valid_fraction,
                                                  seed=seed, on_bad_rows=on_bad_rows, workers=workers,
-                                                 chunk_rows=chunk_rows, spill_entries=spill_entries, engine=engine,
-                                                 device=device)
+                                                 chunk_rows=chunk_rows, spill_entries=spill_entries)
     runs = []
     for i, run in enumerate(r for final in finals for r in final["runs"]):
         runs.append(f"runs/run-{i:05d}.arrow")
@@ -158,7 +157,7 @@ def _block_rows(records: list[dict]) -> list[list[int]]:
 def transform_file(input: str | os.PathLike, merged: str | os.PathLike, out: str | os.PathLike, file_index: int = 0,
                    split: str = "train", valid_fraction: float | None = None, seed: int = 0,
                    chunk_rows: int = DEFAULT_CHUNK_ROWS, on_bad_rows: str = "error", workers: int = 1,
-                   compression: str = DEFAULT_COMPRESSION, engine: str = "cpu", device: str = "cuda") -> dict:
+                   compression: str = DEFAULT_COMPRESSION) -> dict:
     """One file → `out/{train,valid}/part-NNNNN.parquet`, numbered from `merged/merge.json`."""
     path, kind, out, merged = _one_file(input), _split_kind(split, valid_fraction), Path(out), Path(merged)
     if not (merged / MERGE).exists():
@@ -173,13 +172,12 @@ def transform_file(input: str | os.PathLike, merged: str | os.PathLike, out: str
     for split_name in _SPLITS:
         (work / split_name).mkdir(exist_ok=True)
     records, _, _, _ = _fit_file(path, kind, file_index, work, False, valid_fraction=valid_fraction, seed=seed,
-                                 on_bad_rows=on_bad_rows, workers=workers, chunk_rows=chunk_rows, engine=engine,
-                                 device=device)
+                                 on_bad_rows=on_bad_rows, workers=workers, chunk_rows=chunk_rows)
     if _block_rows(records) != plan["blocks"][str(file_index)]:
         raise UserError(f"{path}: its blocks differ from what `count` saw (another --chunk-rows, --valid-fraction, "
                         "--seed or --split, or a changed file?)")
     rows = transform_pass(records, work, compression, workers, False, plan["first_parts"][str(file_index)],
-                          str(merged), engine=engine, device=device)
+                          str(merged))
     for split_name in _SPLITS:
         (out / split_name).mkdir(parents=True, exist_ok=True)
         for part in sorted((work / split_name).glob("part-*.parquet")):

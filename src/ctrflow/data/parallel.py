@@ -30,25 +30,16 @@ class Stage(Protocol):
         """The worker's state at the end (e.g. its value counts)."""
 
 
-def start_context(isolated: bool = False):
-    """The multiprocessing context workers start from: fork where there is one (no re-imports); when
-    `isolated`, a fork server that never ran torch (a worker forked from a process whose OpenMP or CUDA
-    state is live can crash), preloaded with the preprocessing modules and torch."""
-    methods = mp.get_all_start_methods()
-    if not isolated:
-        return mp.get_context("fork" if "fork" in methods else "spawn")  # fork: no re-import per worker
-    if "forkserver" not in methods:
-        return mp.get_context("spawn")
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["ctrflow.data.passes", "torch"])  # a missing module is skipped
-    return ctx
+def start_context():
+    """The multiprocessing context workers start from: fork where there is one (no re-import per worker)."""
+    return mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
 
 
 def _work(stage: Stage, tasks, results) -> None:
     try:
         try:
             stage.start()
-        except UserError as err:  # e.g. the engine cannot run here: a one-line error, not a crash
+        except UserError as err:  # e.g. unreadable vocabularies: a one-line error, not a crash
             results.put(("start_error", None, str(err)))
             return
         while (item := tasks.get()) is not None:
@@ -69,8 +60,8 @@ def _work(stage: Stage, tasks, results) -> None:
 class StagePool:
     """`with StagePool(stage, workers) as pool: for r in pool.map(tasks): ...; finals = pool.finish()`."""
 
-    def __init__(self, stage: Stage, workers: int, in_flight: int | None = None, isolated: bool = False):
-        self.stage, self.isolated = stage, isolated
+    def __init__(self, stage: Stage, workers: int, in_flight: int | None = None):
+        self.stage = stage
         self.workers = max(1, int(workers))
         self.in_flight = in_flight or 2 * self.workers
         self._procs: list = []
@@ -80,7 +71,7 @@ class StagePool:
         if self.workers == 1:
             self.stage.start()
             return self
-        ctx = start_context(self.isolated)
+        ctx = start_context()
         self._tasks, self._results = ctx.Queue(), ctx.Queue()
         self._procs = [ctx.Process(target=_work, args=(self.stage, self._tasks, self._results), daemon=True)
                        for _ in range(self.workers)]

@@ -4,7 +4,8 @@ Fit: parse a block once, transform its dense and label columns, factorize each c
 (int32 codes per row, the block's distinct 8-byte keys), count the training rows' values from the
 codes, and cache the block (Arrow IPC + the distinct keys), so the transform pass never parses text
 again. Transform: look up each block's distinct keys once in the vocabulary, gather the ids by code,
-write Parquet. Categorify and the dense transform run on the chosen engine (`engines`).
+write Parquet. These are the CPU engine's passes; categorify and the dense transform use its numpy
+kernels (`engines.CpuEngine`).
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ import pyarrow.parquet as pq
 
 from ctrflow.data.counting import SPILL_ENTRIES, Counter
 from ctrflow.data.criteo import Block, count_lines, line_starts, parse_block, plan_blocks, read_block
-from ctrflow.data.engines import dense_inputs, make_engine
+from ctrflow.data.engines import CpuEngine, dense_inputs
 from ctrflow.data.schema import DENSE, LABEL, SPARSE
 from ctrflow.data.vocab import Vocabularies, encode_keys
 
 VALID = "__valid"  # cache column: the row belongs to the validation split
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_KERNELS = CpuEngine()
 
 
 def rows_in_valid(seed: int, file_index: int, offsets: np.ndarray, fraction: float) -> np.ndarray:
@@ -61,14 +63,11 @@ class FitStage:
     run_dir: str = ""
     spill_entries: int = SPILL_ENTRIES
     count: bool = True  # False: parse and cache only (the per-file transform step)
-    engine: str = "cpu"
-    device: str = "cuda"
     counter: Counter | None = None
 
     def start(self) -> None:
-        """Fresh counts and this worker's engine (a GPU context is opened here, after the fork)."""
-        self.kernels = make_engine(self.engine, self.device)
-        self.counter = Counter(self.run_dir, self.spill_entries, self.kernels)
+        """Fresh counts (in the worker)."""
+        self.counter = Counter(self.run_dir, self.spill_entries)
 
     def finish(self) -> dict:
         """This worker's run files (and other-string counts); nothing when not counting."""
@@ -123,7 +122,7 @@ class FitStage:
         """The block to cache (label, transformed dense, categorical keys factorized: int32 codes per row
         and each column's distinct keys, back to back); counts the training rows."""
         columns = {LABEL: pa.array(parsed.label.astype(np.float32))}
-        dense = self.kernels.transform_dense(dense_inputs(parsed.dense))
+        dense = _KERNELS.transform_dense(dense_inputs(parsed.dense))
         for j, name in enumerate(DENSE):
             columns[name] = pa.array(dense[j])  # [13, n]: each row contiguous, no copy
             missing[j] = parsed.dense[j].null_count
@@ -131,7 +130,7 @@ class FitStage:
         distinct, offsets = [], [0]
         for j, name in enumerate(SPARSE):
             keys, other = encode_keys(parsed.sparse[j])
-            codes, uniques = self.kernels.factorize(keys)
+            codes, uniques = _KERNELS.factorize(keys)
             columns[name] = pa.array(codes)
             distinct.append(uniques)
             offsets.append(offsets[-1] + len(uniques))
@@ -159,14 +158,11 @@ class TransformStage:
     data_dir: str  # holds the cache, and receives train/ and valid/
     compression: str = "none"
     vocab_dir: str = ""  # holds vocab/ (default: data_dir)
-    engine: str = "cpu"
-    device: str = "cuda"
     vocab: Vocabularies | None = None
 
     def start(self) -> None:
-        """Load the vocabularies once per worker (the same loader serving uses) and the engine."""
+        """Load the vocabularies once per worker (the same loader serving uses)."""
         self.vocab = Vocabularies.load(self.vocab_dir or self.data_dir)
-        self.kernels = make_engine(self.engine, self.device)
 
     def finish(self) -> None:
         """Nothing to hand back."""
@@ -185,7 +181,7 @@ class TransformStage:
         for j, name in enumerate(SPARSE):
             other = cached.column(f"{name}_other").combine_chunks() if f"{name}_other" in names else None
             codes = cached.column(name).to_numpy()
-            ids = self.vocab.columns[name].lookup_codes(codes, uniques[offsets[j]:offsets[j + 1]], other, self.kernels)
+            ids = self.vocab.columns[name].lookup_codes(codes, uniques[offsets[j]:offsets[j + 1]], other)
             columns[name] = pa.array(ids)
         table = pa.table(columns)
         written = {}

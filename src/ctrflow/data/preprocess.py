@@ -10,7 +10,6 @@ leaves nothing that looks complete. The output is the same for any worker count 
 from __future__ import annotations
 
 import errno
-import importlib.util
 import json
 import os
 import shutil
@@ -23,7 +22,7 @@ from typing import Iterator, Sequence
 from ctrflow.data.accounting import account_block, collect_stats, file_stats, summarize, track
 from ctrflow.data.counting import RANGE_ENTRIES, SPILL_ENTRIES, merge_vocabulary, remove_runs
 from ctrflow.data.criteo import Block, expand_inputs, is_gzip, plan_blocks
-from ctrflow.data.engines import CUDF_HINT, ENGINES
+from ctrflow.data.engines import check_engine
 from ctrflow.data.interop import write_hugectr_metadata, write_merlin_schema
 from ctrflow.data.output import FileHasher, check_out_dir, publish
 from ctrflow.data.parallel import StagePool
@@ -47,9 +46,8 @@ def preprocess(train: Sequence[str], valid: Sequence[str] = (), out: str | os.Pa
                compression: str = DEFAULT_COMPRESSION, spill_entries: int = SPILL_ENTRIES,
                range_entries: int = RANGE_ENTRIES, device: str = "cuda") -> dict:
     """Preprocess raw files into `out`; returns the summary (rows, cardinalities, vocab hash, seconds).
-    `engine`: "cpu" (numpy), "torch" (categorify and dense transform on torch `device`, after CPU
-    parsing), "gpu" (parsing too, in this process, on torch `device`: `gpu_engine`) or "cudf"; the
-    output is the same whichever runs.
+    `engine`: "cpu" (numpy, on `workers` processes) or "gpu" (parse, count and transform in this
+    process on torch `device`: `gpu_engine`); the output is the same whichever runs.
 
     Memory: each worker holds one block (`chunk_rows`) and at most `spill_entries` (value, count)
     pairs; the final merge holds `range_entries` pairs per column at a time."""
@@ -124,10 +122,7 @@ def _check_args(train, valid, freq_threshold, valid_fraction, on_bad_rows, engin
         raise UserError(f"--freq-threshold must be at least 1, got {freq_threshold}")
     if on_bad_rows not in ("error", "skip"):
         raise UserError(f"--on-bad-rows must be 'error' or 'skip', got {on_bad_rows!r}")
-    if engine not in ENGINES:
-        raise UserError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-    if engine == "cudf" and importlib.util.find_spec("cudf") is None:  # importing it here would touch the GPU
-        raise UserError(f"{CUDF_HINT}: cudf is not installed")
+    check_engine(engine)
     if chunk_rows < 1:
         raise UserError(f"--chunk-rows must be positive, got {chunk_rows}")
 
@@ -195,10 +190,9 @@ def _run(files, tmp: Path, threshold: int, fraction: float, workers: int, on_bad
             return run_gpu(files, tmp, threshold, fraction, workers, on_bad_rows, seed, chunk_rows, progress,
                            compression, device)
         except UnsupportedInput:  # e.g. C values not 8 hex digits: the CPU engine's path, same output
-            engine = "cpu"
+            pass
     fit = FitStage([str(p) for p, _ in files], [s for _, s in files], str(tmp / "cache"), fraction, seed,
-                   stop_at_bad_row=on_bad_rows == "error", run_dir=str(tmp / "runs"), spill_entries=spill_entries,
-                   engine=engine, device=device)
+                   stop_at_bad_row=on_bad_rows == "error", run_dir=str(tmp / "runs"), spill_entries=spill_entries)
     t0 = time.perf_counter()
     per_file, warnings = [file_stats(p, s) for p, s in files], []
     records, finals = fit_pass(fit, list(enumerate(files)), tmp, workers, chunk_rows, progress, per_file, warnings)
@@ -206,7 +200,7 @@ def _run(files, tmp: Path, threshold: int, fraction: float, workers: int, on_bad
     tables, distinct = build_vocabulary(finals, threshold, workers, range_entries)
     write_vocab(tmp, tables)
     t2 = time.perf_counter()
-    rows = transform_pass(records, tmp, compression, workers, progress, engine=engine, device=device)
+    rows = transform_pass(records, tmp, compression, workers, progress)
     t3 = time.perf_counter()
     passes = {"fit_seconds": round(t1 - t0, 3), "vocab_seconds": round(t2 - t1, 3),
               "transform_seconds": round(t3 - t2, 3)}
@@ -222,7 +216,7 @@ def fit_pass(fit: FitStage, files: list[tuple[int, tuple[Path, str]]], tmp: Path
     try:
         if rejected:
             rejected.write("file\tline\treason\traw\n")
-        with StagePool(fit, workers, isolated=fit.engine != "cpu") as pool, _bar(progress, "fit") as bar:
+        with StagePool(fit, workers) as pool, _bar(progress, "fit") as bar:
             for result in (r for results in pool.map(_tasks(files, chunk_rows, workers)) for r in results):
                 account_block(result, by_index, per_file, rejected, warnings)
                 records.append({k: result[k] for k in ("cache", "rows", "missing")})  # no raw lines kept
@@ -251,14 +245,13 @@ def build_vocabulary(finals: list[dict], threshold: int, workers: int, range_ent
 
 
 def transform_pass(records: list[dict], tmp: Path, compression: str, workers: int, progress: bool,
-                   first_parts: dict[str, int] | None = None, vocab_dir: str = "",
-                   engine: str = "cpu", device: str = "cpu") -> dict[str, int]:
+                   first_parts: dict[str, int] | None = None, vocab_dir: str = "") -> dict[str, int]:
     """Pass 2: cached blocks → Parquet parts, numbered in input order per split from `first_parts`
     (default 0); the vocabulary is read from `vocab_dir` (default `tmp`); rows per split."""
     tasks = list(_transform_tasks(records, first_parts or {"train": 0, "valid": 0}))
     rows = {split: sum(r["rows"][split] for r in records) for split in ("train", "valid")}
-    stage = TransformStage(str(tmp), compression, vocab_dir, engine=engine, device=device)
-    with StagePool(stage, min(workers, max(1, len(tasks))), isolated=engine != "cpu") as pool, \
+    stage = TransformStage(str(tmp), compression, vocab_dir)
+    with StagePool(stage, min(workers, max(1, len(tasks)))) as pool, \
             _bar(progress, "transform", rows["train"] + rows["valid"]) as bar:
         for written in pool.map(tasks):
             bar.update(sum(written.values()))
