@@ -17,6 +17,7 @@ import argparse
 import gc
 import json
 import statistics
+import sys
 import time
 
 import torch
@@ -85,7 +86,8 @@ class NaiveBags(nn.Module):
 
 def build_path(kind: str, args, sizes: list[int], device: torch.device, optim: tuple):
     """(model, step function) for `kind`: naive | fused | fused-eager (no graph) | fused-compile
-    (graph + torch.compile'd dense parts) | plain (see the module doc)."""
+    (graph + torch.compile'd dense parts) | fused-compile-head (graph + the model's whole `head`,
+    everything after the lookup, compiled as one graph; DCNv2) | plain (see the module doc)."""
     arch = (SMALL_ARCH if args.small else ARCH)[args.model]
     if kind == "plain":
         model = build_model(args.model, sizes, args.dim, **arch).to(device)
@@ -97,10 +99,11 @@ def build_path(kind: str, args, sizes: list[int], device: torch.device, optim: t
             replace_module(model, "embeddings", NaiveBags(sizes, args.dim, device))
             tables = list(model.embeddings.parameters())
         else:
-            make_fast(model, args, sizes, device, optim, compile_dense=kind == "fused-compile")
+            scope = {"fused-compile": "parts", "fused-compile-head": "head"}.get(kind, "")
+            make_fast(model, args, sizes, device, optim, compile_scope=scope)
             tables = []
         model.to(device)
-    graphs = device.type == "cuda" and kind in ("fused", "fused-compile")
+    graphs = device.type == "cuda" and kind in ("fused", "fused-compile", "fused-compile-head")
     opts = make_optimizers(model, tables, optim, naive=kind == "naive", capturable=graphs)
     autocast = kind != "plain" and device.type == "cuda"
 
@@ -136,9 +139,11 @@ def make_optimizers(model: nn.Module, tables: list, optim: tuple, naive: bool, c
 
 
 def make_fast(model: nn.Module, args, sizes: list[int], device: torch.device, optim: tuple,
-              compile_dense: bool) -> None:
+              compile_scope: str) -> None:
     """The fast path's swaps, each computing the same function: fused tables, fused dot interaction,
-    tensor-core-aligned Linear inputs, and optionally torch.compile'd dense parts."""
+    tensor-core-aligned Linear inputs, and optionally torch.compile'd dense parts (`compile_scope`
+    "parts": each dense module apart; "head": the model's `head` method as one graph, where the
+    model has one)."""
     out_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # halves lookup + grad bytes
     replace_module(model, "embeddings", FusedEmbeddingCollection(
         tables_for(sizes, list(SPARSE), args.dim), seed=0, optimizer=optim[2], lr=optim[3], device=device,
@@ -148,9 +153,11 @@ def make_fast(model: nn.Module, args, sizes: list[int], device: torch.device, op
         replace_module(model, "interaction", FusedDotInteraction.from_plain(model.interaction))
     if not args.no_align:
         align_linear_inputs(model)
-    if compile_dense:
+    if compile_scope == "head" and hasattr(model, "head"):
+        model.head = torch.compile(model.head, mode=args.compile_mode)  # instance attribute: forward finds it
+    elif compile_scope:
         for name in ("dense_arch", "interaction", "over_arch"):
-            replace_module(model, name, torch.compile(model.get_submodule(name)))
+            replace_module(model, name, torch.compile(model.get_submodule(name), mode=args.compile_mode))
 
 
 def capture_step(step, device: torch.device):
@@ -180,8 +187,10 @@ def capture_step(step, device: torch.device):
 
 def measure(step, batches, args, device: torch.device) -> dict:
     """Median samples/s over `repeats` timed runs of `steps` steps, after `warmup` steps."""
+    first = None
     for i in range(args.warmup):
-        step(*batches[i % len(batches)])
+        loss = step(*batches[i % len(batches)])
+        first = float(loss) if first is None else first  # the same start on every fast path: compare
     rates = []
     for _ in range(args.repeats):
         if device.type == "cuda":
@@ -198,7 +207,7 @@ def measure(step, batches, args, device: torch.device) -> dict:
             seconds = time.perf_counter() - t0
         rates.append(args.steps * args.batch_size / seconds)
     return {"samples_per_s": statistics.median(rates), "spread": (max(rates) - min(rates)) / statistics.median(rates),
-            "final_loss": float(loss)}
+            "first_loss": first, "final_loss": float(loss)}
 
 
 def write_profile(step, batches, path: str) -> None:
@@ -267,7 +276,8 @@ def parse(argv=None):
     p.add_argument("--batch-size", type=int, default=65536)
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--storage", choices=["float32", "bfloat16", "float16"], default="float32")
-    p.add_argument("--paths", default=None, help="comma list of naive, fused, fused-eager, fused-compile "
+    p.add_argument("--paths", default=None, help="comma list of naive, fused, fused-eager, fused-compile, "
+                   "fused-compile-head "
                    "(default: naive,fused,fused-compile; with --small naive,fused)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
@@ -277,6 +287,7 @@ def parse(argv=None):
     p.add_argument("--quality-eval-batches", type=int, default=4)
     p.add_argument("--no-align", action="store_true", help="keep Linear inputs of odd widths (13, 479)")
     p.add_argument("--no-pre-reduce", action="store_true", help="one atomic row per position in backward")
+    p.add_argument("--compile-mode", default=None, help="torch.compile mode, e.g. max-autotune-no-cudagraphs")
     p.add_argument("--profile", default="", help="folder for per-kernel time tables of each path")
     p.add_argument("--small", action="store_true", help="tiny tables, dim 16, batch 512: seconds on a CPU")
     args = p.parse_args(argv)
@@ -301,12 +312,15 @@ def main(argv=None) -> dict:
               "table_rows": sum(args.sizes)}
     for kind in args.paths.split(","):
         model, step = build_path(kind, args, args.sizes, device, SPEED_OPTIM[args.model])
+        t0 = time.perf_counter()
         result[kind] = measure(step, batches, args, device)
+        print(json.dumps({kind: result[kind], "seconds": round(time.perf_counter() - t0, 1)}), file=sys.stderr,
+              flush=True)  # partial results survive a time limit
         if args.profile and device.type == "cuda":
             write_profile(step, batches, f"{args.profile}/{args.model}-{kind}.txt")
         del model, step
         release(device)
-    fast = [k for k in ("fused", "fused-compile", "fused-eager") if k in result]
+    fast = [k for k in ("fused", "fused-compile", "fused-compile-head", "fused-eager") if k in result]
     if "naive" in result and fast:
         best = max(fast, key=lambda k: result[k]["samples_per_s"])
         result["best_fast_path"] = best

@@ -30,6 +30,7 @@ REQUIREMENTS = """\
 # Python packages the repository's python-backend models import, for the Triton image.
 # They also import ctrflow {version} itself: pip install <a ctrflow checkout> (see docker/).
 numpy>=1.24
+pandas>=2.0
 pyarrow>=14
 """
 

@@ -28,7 +28,12 @@ class DCNv2(nn.Module):
         self.over_arch = MLP(width, [*deep_mlp, 1], last_activation=False)
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        return self.head(dense, self.embeddings(sparse))
+
+    def head(self, dense: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
+        """Everything after the lookup: dense [B, 13] and embeddings [B, 26, D] -> logits [B].
+        One function so that it can be compiled as one graph (the concatenation, cross layers and
+        deep MLP fused together, their backward too), apart from the embeddings' own kernels."""
         bottom = self.dense_arch(dense)  # [B, D]
-        embedded = self.embeddings(sparse).flatten(1)  # [B, 26 D]
-        crossed = self.interaction(torch.cat([bottom, embedded], dim=1))  # [B, 27 D]
+        crossed = self.interaction(torch.cat([bottom, embedded.flatten(1)], dim=1))  # [B, 27 D]
         return self.over_arch(crossed).squeeze(1)
