@@ -63,10 +63,10 @@ class ValueCounts:
         self.other_counts: list[pa.Array] = [pa.array([], pa.int64())]
         self.entries = 0  # pairs held, duplicates across blocks included (merged only when spilled)
 
-    def add(self, keys: np.ndarray, other: pa.Array | None = None, engine=None) -> None:
-        """Count one block's values (`encode_keys` output) with `engine` (default numpy: a sort, fast on
-        integers); key 0 (missing / other) is skipped."""
-        self.add_counts(*(engine or _CPU).unique_counts(keys), other)
+    def add(self, keys: np.ndarray, other: pa.Array | None = None) -> None:
+        """Count one block's values (`encode_keys` output; a sort, fast on integers); key 0
+        (missing / other) is skipped."""
+        self.add_counts(*_CPU.unique_counts(keys), other)
 
     def add_counts(self, values: np.ndarray, counts: np.ndarray, other: pa.Array | None = None) -> None:
         """Count one block's distinct non-zero uint64 keys (`counts` int64 > 0) and other strings."""
@@ -102,14 +102,14 @@ class ValueCounts:
 class Counter:
     """A worker's counts of every categorical column, spilled to sorted run files when large."""
 
-    def __init__(self, run_dir: str, spill_entries: int = SPILL_ENTRIES, engine=None):
-        self.run_dir, self.spill_entries, self.engine = run_dir, spill_entries, engine
+    def __init__(self, run_dir: str, spill_entries: int = SPILL_ENTRIES):
+        self.run_dir, self.spill_entries = run_dir, spill_entries
         self.columns = {name: ValueCounts() for name in SPARSE}
         self.runs: list[str] = []
 
     def add(self, name: str, keys: np.ndarray, other: pa.Array | None = None) -> None:
         """Count one block's values of one column."""
-        self.columns[name].add(keys, other, self.engine)
+        self.columns[name].add(keys, other)
 
     def add_counts(self, name: str, values: np.ndarray, counts: np.ndarray, other: pa.Array | None = None) -> None:
         """Count one block's distinct keys of one column, already counted (`ValueCounts.add_counts`)."""

@@ -94,17 +94,16 @@ class ColumnVocab:
         """Vocabulary size + 2 (missing, OOV): the embedding table size."""
         return len(self.values) + FIRST_ID
 
-    def lookup(self, keys: np.ndarray, other: pa.Array | None = None, engine=None) -> np.ndarray:
-        """Ids (int32 [n]) of values given as `encode_keys` output; 8-byte keys are looked up by
-        `engine` (`ctrflow.data.engines`; default numpy), other strings here."""
-        ids = (engine or _CPU).lookup(self.key_table, keys)
+    def lookup(self, keys: np.ndarray, other: pa.Array | None = None) -> np.ndarray:
+        """Ids (int32 [n]) of values given as `encode_keys` output; 8-byte keys are looked up in the
+        key table, other strings here."""
+        ids = _CPU.lookup(self.key_table, keys)
         ids[keys == 0] = MISSING_ID
         return self._lookup_other(ids, other)
 
-    def lookup_codes(self, codes: np.ndarray, uniques: np.ndarray, other: pa.Array | None = None,
-                     engine=None) -> np.ndarray:
+    def lookup_codes(self, codes: np.ndarray, uniques: np.ndarray, other: pa.Array | None = None) -> np.ndarray:
         """`lookup` of keys given factorized (keys = uniques[codes]): one lookup per distinct key."""
-        distinct = (engine or _CPU).lookup(self.key_table, uniques)
+        distinct = _CPU.lookup(self.key_table, uniques)
         distinct[uniques == 0] = MISSING_ID
         return self._lookup_other(distinct[codes], other)
 

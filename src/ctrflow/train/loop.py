@@ -42,8 +42,7 @@ class Session:
     runtime: Runtime
     tracker: Tracker
     schema: Schema
-    model: nn.Module  # the plain model: checkpoints and validation
-    step_model: nn.Module  # what the training step calls (the model, or its parallel wrapper)
+    model: nn.Module  # after parallelize: this process's shards, dense parts under DDP when N > 1
     optimizers: Optimizers
     train_loader: BatchLoader
     valid_loader: BatchLoader | None
@@ -91,7 +90,7 @@ def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
     total = config.epochs * epoch_steps
     total = total if config.max_steps is None else min(config.max_steps, total)
     out = Path(config.out)
-    session = Session(config, runtime, tracker, schema, model, model, optimizers,
+    session = Session(config, runtime, tracker, schema, model, optimizers,
                       train_loader, valid_loader, out, total, amp)
     source = _resume(session) if config.resume else None
     if runtime.is_main:
@@ -161,7 +160,7 @@ def _fit(s: Session) -> dict[str, Any]:
         while s.step < s.total_steps and s.epoch < cfg.epochs:
             for batch in s.train_loader.batches(s.epoch, start=s.batch):
                 s.optimizers.set_lr_factor(lr_factor(s.step, cfg.optim, s.total_steps))
-                log.add(train_step(s.step_model, batch, s.optimizers, s.runtime.device, s.amp))
+                log.add(train_step(s.model, batch, s.optimizers, s.runtime.device, s.amp))
                 s.step, s.batch = s.step + 1, s.batch + 1
                 epoch_end = s.batch == len(s.train_loader)
                 if epoch_end:
@@ -175,13 +174,13 @@ def _fit(s: Session) -> dict[str, Any]:
     return _finish(s, log, valid, done)
 
 
-def train_step(step_model: nn.Module, batch: Batch, optimizers: Optimizers, device: torch.device,
+def train_step(model: nn.Module, batch: Batch, optimizers: Optimizers, device: torch.device,
                amp: torch.dtype | None = None) -> torch.Tensor:
     """Forward (under `amp` autocast if given), BCE-with-logits loss in fp32, backward, update
     (fused tables update inside backward); returns the (device) loss, unsynced."""
     batch = batch.to(device, non_blocking=True)
     with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-        logits = step_model(batch.dense, batch.sparse)
+        logits = model(batch.dense, batch.sparse)
     loss = F.binary_cross_entropy_with_logits(logits.float(), batch.labels)
     optimizers.zero_grad()
     loss.backward()
