@@ -60,11 +60,15 @@ def trainjob(name: str, image: str, train_args: list[str], num_nodes: int, gpus_
                "numProcPerNode": max(gpus_per_node, 1)}
     if gpus_per_node:
         trainer["resourcesPerNode"] = gpu_limits(gpus_per_node)
+    # the runtime's "node" job and container get a memory-backed /dev/shm (Trainer >= 2.1's overrides API)
+    shm = {"targetJobs": [{"name": "node"}],
+           "spec": {"volumes": [SHM],
+                    "containers": [{"name": "node", "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}]}}
     return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
             "metadata": {"name": name, **({"namespace": namespace} if namespace else {})},
             "spec": {"runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime",
                                     "name": runtime},
-                     "trainer": trainer}}
+                     "trainer": trainer, "podTemplateOverrides": [shm]}}
 
 
 def pytorchjob(name: str, image: str, train_args: list[str], num_nodes: int, gpus_per_node: int,

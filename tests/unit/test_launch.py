@@ -64,6 +64,13 @@ def test_trainjob_uses_runtime_nodes_and_resources_per_node():
     assert trainer["resourcesPerNode"] == {"limits": {"nvidia.com/gpu": 4}}
     assert flags(trainer["command"] + trainer["args"])["rdzv-endpoint"] == "$(PET_MASTER_ADDR):$(PET_MASTER_PORT)"
     assert flags(trainer["command"] + trainer["args"])["nnodes"] == "2"
+    # torchrun's workers share tensors through /dev/shm: the node pods get a memory-backed one
+    (override,) = job["spec"]["podTemplateOverrides"]
+    assert override["targetJobs"] == [{"name": "node"}]
+    (volume,) = override["spec"]["volumes"]
+    assert volume["emptyDir"] == {"medium": "Memory"}
+    (container,) = override["spec"]["containers"]
+    assert container["volumeMounts"] == [{"name": volume["name"], "mountPath": "/dev/shm"}]
 
 
 def test_vertex_job_has_chief_pool_and_replica_count(tmp_path):
