@@ -1,44 +1,55 @@
 #!/usr/bin/env bash
-# 4 H200s (device kind nvidia-h200-x4; works on -x2 with WORLDS="1 2"), from the repo root:
-# sharded MLPerf-shape DLRM on 1, 2, 4 GPUs; dim 256 (> 141 GB) where one GPU cannot hold it;
-# NCCL parity tests. Every step has its own time limit; a table of results is printed last.
+# 4 H200s (device kind nvidia-h200-x4), from the repo root: the fused one-GPU baseline
+# (train_throughput.py fused-compile) and the hybrid-parallel fused path on 4 (and 2) GPUs
+# (sharded_scale.py), MLPerf Criteo-1TB DLRM shape, batch 65,536 per GPU, bf16; then the GPU tests.
+# Every step has its own time limit; a table of results is printed last. Knobs: RUNS (space-separated
+# "name:GPUs:extra flags" with commas for spaces), TESTS (pytest selection, empty skips them).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/ctrflow-gpu}; mkdir -p "$OUT"
-WORLDS=${WORLDS:-"1 2 4"}
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; nvidia-smi topo -m | head -8
-for dim in 128 256; do
-  for n in $WORLDS; do
-    echo "== sharded_scale dim $dim on $n GPU(s)"
-    timeout ${SCALE_LIMIT:-60} python3 -m torch.distributed.run --nproc-per-node "$n" benchmarks/sharded_scale.py \
-      --dim "$dim" --precision bf16 > "$OUT/scale_d${dim}_n${n}.json" 2> "$OUT/scale_d${dim}_n${n}.err"
-    echo "rc $?"; grep -v "^\s*$" "$OUT/scale_d${dim}_n${n}.err" | tail -4 | cut -c1-300
-  done
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=0  # NCCL collectives inside captured CUDA graphs (--graph)
+OUT=${OUT:-/tmp/ctrflow-gpu}; mkdir -p "$OUT"; ERR=$(mktemp -d)  # stderr apart: few files come back
+RUNS=${RUNS:-"fused4:4:--profile,$OUT fused4g:4:--graph fused2g:2:--graph plain4:4:--embedding,plain"}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1
+echo "== one GPU, fused-compile baseline"
+CUDA_VISIBLE_DEVICES=0 timeout ${BASE_LIMIT:-150} python3 benchmarks/train_throughput.py --paths fused-compile \
+  --quality-steps 0 --repeats 3 > "$OUT/base.json" 2> "$ERR/base.err"; echo "rc $?"; tail -2 "$ERR/base.err" | cut -c1-300
+for run in $RUNS; do
+  name=${run%%:*}; rest=${run#*:}; n=${rest%%:*}; extra=${rest#*:}; extra=${extra//,/ }
+  echo "== $name: sharded_scale on $n GPUs $extra"
+  timeout ${SCALE_LIMIT:-100} python3 -m torch.distributed.run --nproc-per-node "$n" benchmarks/sharded_scale.py \
+    --precision bf16 $extra > "$OUT/$name.json" 2> "$ERR/$name.err"
+  echo "rc $?"; grep -v "^\s*$" "$ERR/$name.err" | grep -iv "warn\|sparse_coo\|OMP_NUM\|\*\*\*\*" | tail -${ERR_LINES:-3} | cut -c1-300
 done
-echo "== fused training test (one GPU)"
-CUDA_VISIBLE_DEVICES=0 timeout ${FUSED_LIMIT:-60} python3 -m pytest -q tests/gpu/test_train_fused_gpu.py -p no:cacheprovider \
-  2>&1 | tee "$OUT/fused_train_test.txt" | tail -4
-echo "== NCCL parity tests"
-timeout ${TEST_LIMIT:-210} python3 -m pytest -q tests/gpu/test_sharded_nccl.py -p no:cacheprovider 2>&1 \
-  | tee "$OUT/nccl_tests.txt" | tail -12
+table() {
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
-rows, one = [], {}
-for path in sorted(pathlib.Path(sys.argv[1]).glob("scale_d*_n*.json")):
-    text = path.read_text().strip().splitlines()
-    r = json.loads(text[-1]) if text else {}
-    if not r:
-        print(f"{path.name}: no result"); continue
-    if r.get("fits") and r["world_size"] == 1:
-        one[r["dim"]] = r["samples_per_s"]
-    rows.append(r)
-print("dim | GPUs | fits | GiB/GPU (peak) | step ms | samples/s | per GPU | vs 1 GPU")
-for r in rows:
+out = pathlib.Path(sys.argv[1])
+def last(path):
+    lines = path.read_text().strip().splitlines() if path.exists() else []
+    try:
+        return json.loads(lines[-1]) if lines else {}
+    except json.JSONDecodeError:
+        return {}
+base = last(out / "base.json").get("fused-compile", {}).get("samples_per_s")
+print("run | GPUs | embedding | large | step ms | samples/s | per GPU | vs fused 1 GPU | peak GiB/GPU")
+print(f"base | 1 | fused-compile (train_throughput) | - | - | {base / 1e6:.2f} M | | 1.00x |" if base else "base | no result")
+for path in sorted(out.glob("*.json")):
+    r = last(path)
+    if path.stem == "base" or not r:
+        continue
     if not r.get("fits"):
-        print(f"{r['dim']} | {r['world_size']} | no ({r.get('error', '')[:80]}) |"); continue
-    base = one.get(r["dim"])
+        print(f"{path.stem} | {r.get('world_size')} | no: {r.get('error', '')[:80]}"); continue
     ratio = f"{r['samples_per_s'] / base:.2f}x" if base else "-"
     mem = "/".join(f"{m:.0f}" for m in r["memory_gib_per_process"])
-    print(f"{r['dim']} | {r['world_size']} | yes | {mem} | {r['step_ms']:.1f} | {r['samples_per_s'] / 1e6:.2f} M |"
-          f" {r['samples_per_s'] / r['world_size'] / 1e6:.2f} M | {ratio}")
+    print(f"{path.stem} | {r['world_size']} | {r['embedding']} | {r.get('large', '-')} | {r['step_ms']:.2f} | "
+          f"{r['samples_per_s'] / 1e6:.2f} M | {r['samples_per_s'] / r['world_size'] / 1e6:.2f} M | {ratio} | {mem}")
 PY
+}
+table
+if [ -n "${TESTS-tests/gpu/test_sharded_nccl.py tests/gpu/test_train_fused_gpu.py tests/gpu/test_fused_embedding.py}" ]; then
+  echo "== GPU tests"
+  timeout ${TEST_LIMIT:-200} python3 -m pytest -q -p no:cacheprovider \
+    ${TESTS-tests/gpu/test_sharded_nccl.py tests/gpu/test_train_fused_gpu.py tests/gpu/test_fused_embedding.py} \
+    ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 | tee "$OUT/tests.txt" | grep -v "^\s*$" | tail -${TEST_LINES:-15}
+fi
+table

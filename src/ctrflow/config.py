@@ -89,8 +89,11 @@ class TrainConfig:
     sharding: str = "auto"  # with N processes: auto | table | row | column | data for every table
     plan: str | None = None  # JSON sharding plan file: per-table choices over `sharding`
     deterministic: bool = False
-    embedding: str = "auto"  # auto (fused for one CUDA process) | fused | plain
+    embedding: str = "auto"  # auto (fused on CUDA, each rank's shards under torchrun) | fused | plain
     precision: str = "auto"  # dense part: auto (bf16 autocast on CUDA, fp32 elsewhere) | fp32 | bf16
+    # | fp8 (bf16 autocast + the Linear layers >= 512 wide in fp8: CUDA compute capability 8.9+)
+    cuda_graphs: str = "auto"  # auto (the step as one CUDA graph where capturable: ctrflow.train.graphs) | off
+    compile: str = "auto"  # auto (torch.compile the dense head, DCNv2, on CUDA with fused tables) | off
     progress: bool = True  # tqdm bar when stderr is a terminal
 
     def to_dict(self) -> dict[str, Any]:

@@ -36,3 +36,10 @@ def test_benchmark_reports_a_model_too_big_for_the_memory(bench, capsys, monkeyp
     record = bench.main([*TINY, "--rows-scale", "1e-3", "--memory-budget-gib", "0.001"])
     assert record["fits"] is False and "does not fit: rank 0" in record["error"]
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["fits"] is False
+
+
+def test_benchmark_runs_the_fused_sharded_path(bench, capsys, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    record = bench.main([*TINY, "--dim", "16", "--embedding", "fused", "--rows-scale", "1e-4"])
+    assert record["embedding"] == "fused" and record["fits"] is True and record["samples_per_s"] > 0
+    assert record["large"] == "table" and json.loads(capsys.readouterr().out.strip().splitlines()[-1])["fits"]

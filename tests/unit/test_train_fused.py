@@ -71,3 +71,14 @@ def test_fused_path_takes_its_own_optimizer_state_and_refuses_what_it_lacks(data
         fused_path.use_fused(config(data_dir, tmp_path / "y", optim=OptimConfig(sparse="adam")), runtime)
     auto = dataclasses.replace(config(data_dir, tmp_path / "z"), embedding="auto")
     assert not fused_path.use_fused(auto, runtime)  # auto: the CPU stays on the plain path
+
+
+def test_fused_under_torchrun_takes_table_row_and_data_plans_but_not_columns(data_dir, tmp_path):
+    runtime = Runtime(0, 2, 0, torch.device("cpu"))
+    assert fused_path.use_fused(config(data_dir, tmp_path / "a", sharding="row"), runtime)
+    with pytest.raises(UserError, match="column"):
+        fused_path.use_fused(config(data_dir, tmp_path / "b", sharding="column"), runtime)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"tables": {"t_C1": "column"}}))
+    auto = dataclasses.replace(config(data_dir, tmp_path / "c", plan=str(plan)), embedding="auto")
+    assert not fused_path.use_fused(auto, runtime)  # auto falls back to the plain sharded path

@@ -51,10 +51,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit-eval-batches", type=int, default=None)
     parser.add_argument("--deterministic", action="store_true", help="deterministic kernels (slower)")
     parser.add_argument("--embedding", choices=("auto", "fused", "plain"), default=t.embedding,
-                        help="tables: fused (Triton kernels, optimizer step in backward; auto: one CUDA process) "
-                             "or plain PyTorch")
-    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default=t.precision,
-                        help="dense part (auto: bf16 autocast on CUDA, fp32 on the CPU)")
+                        help="tables: fused (Triton kernels, optimizer step in backward; auto: on CUDA, under torchrun "
+                             "each rank's shards unless a table is column-wise) or plain PyTorch")
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp8"), default=t.precision,
+                        help="dense part (auto: bf16 autocast on CUDA, fp32 on the CPU; fp8: bf16 autocast "
+                             "and the Linear layers >= 512 wide in fp8, CUDA compute capability 8.9+)")
+    parser.add_argument("--cuda-graphs", choices=("auto", "off"), default=t.cuda_graphs,
+                        help="auto: one CUDA process with fused tables replays each step as one CUDA graph")
+    parser.add_argument("--compile", choices=("auto", "off"), default=t.compile,
+                        help="auto: torch.compile the dense head on CUDA with fused tables")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_tracking_flags(parser)
 
@@ -76,6 +81,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         eval_every=args.eval_every, checkpoint_every=args.checkpoint_every, device=args.device, threads=args.threads,
         resume=args.resume, deterministic=args.deterministic, progress=not args.no_progress,
         sharding=args.sharding, plan=args.plan, embedding=args.embedding, precision=args.precision,
+        cuda_graphs=args.cuda_graphs, compile=args.compile,
     )
 
 

@@ -12,14 +12,28 @@ def group_size(group) -> int:
     return dist.get_world_size(group) if dist.is_initialized() else 1
 
 
-def exchange(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
+def exchange(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group,
+             out: torch.Tensor | None = None) -> torch.Tensor:
     """all_to_all_single along dim 0: `in_splits[r]` rows go to rank r, `out_splits[r]` come from r
-    (one process: `x` itself)."""
+    (into `out` when given; one process: `x` itself, or copied into `out`)."""
     if group_size(group) == 1:
-        return x
-    out = x.new_empty((sum(out_splits), *x.shape[1:]))
+        return x if out is None else out.copy_(x)
+    if out is None:
+        out = x.new_empty((sum(out_splits), *x.shape[1:]))
     dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
     return out
+
+
+def exchange_async(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group,
+                   out: torch.Tensor | None = None):
+    """`exchange` started on the communication stream: (output, work to `wait()` on before reading
+    it, or None for one process)."""
+    if group_size(group) == 1:
+        return (x if out is None else out.copy_(x)), None
+    if out is None:
+        out = x.new_empty((sum(out_splits), *x.shape[1:]))
+    work = dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group, async_op=True)
+    return out, work
 
 
 class _Exchange(Function):

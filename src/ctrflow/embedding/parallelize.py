@@ -6,6 +6,8 @@ The model never mentions parallelism. `parallelize(model, plan, device)` applies
 2. the dense rest moves to the device;
 3. `apply_data_parallel`: DDP (composable `replicate`) over the dense parameters only.
 One code path for 1 and N processes: with one process nothing is sharded or wrapped.
+With `fused` options the collections become `FusedShardedEmbeddingCollection`s instead (the fused
+kernels on each rank's shards; table, row and data sharding).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import torch.distributed as dist
 from torch import nn
 
 from ctrflow.embedding.collection import EmbeddingCollection
-from ctrflow.embedding.plan import ShardingPlan, device_memory_budget, plan_sharding, read_plan_overrides
+from ctrflow.embedding.fused.sharded import FusedShardedEmbeddingCollection
+from ctrflow.embedding.plan import (REPLICATE_BYTES, ShardingPlan, device_memory_budget, plan_sharding,
+                                   read_plan_overrides)
 from ctrflow.embedding.sharded import ShardedEmbeddingCollection
 from ctrflow.embedding.tables import TableConfig
 from ctrflow.errors import UserError
@@ -28,7 +32,7 @@ def model_tables(model: nn.Module) -> list[TableConfig]:
     """Tables of every embedding collection in the model; names must be unique across collections."""
     tables, seen = [], set()
     for _path, module in model.named_modules():
-        if isinstance(module, (EmbeddingCollection, ShardedEmbeddingCollection)):
+        if isinstance(module, (EmbeddingCollection, ShardedEmbeddingCollection, FusedShardedEmbeddingCollection)):
             for t in module.tables:
                 if t.name in seen:
                     raise ValueError(f"table name {t.name} appears in two embedding collections")
@@ -39,8 +43,10 @@ def model_tables(model: nn.Module) -> list[TableConfig]:
 
 def plan_model(model: nn.Module, world_size: int, sharding: str = "auto", plan_file: str | None = None,
                device: torch.device | str = "cpu", memory_budget: int | None = None,
-               memory_of: Callable[[TableConfig], int] | None = None) -> ShardingPlan:
-    """The sharding plan of a model's tables: `--sharding` for all, `--plan FILE` per table.
+               memory_of: Callable[[TableConfig], int] | None = None, large: str = "row",
+               replicate_bytes: int = REPLICATE_BYTES) -> ShardingPlan:
+    """The sharding plan of a model's tables: `--sharding` for all, `--plan FILE` per table
+    (`large`, `replicate_bytes`: see `plan_sharding`).
 
     Memory per rank: `memory_budget` bytes, else free CUDA memory (the smallest over ranks,
     so every rank computes the same plan), else unlimited on CPU.
@@ -52,14 +58,20 @@ def plan_model(model: nn.Module, world_size: int, sharding: str = "auto", plan_f
         t = torch.tensor([budget], dtype=torch.int64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         budget = int(t.item())
-    return plan_sharding(tables, world_size, sharding, budget, memory_of, overrides)
+    return plan_sharding(tables, world_size, sharding, budget, memory_of, overrides, replicate_bytes, large)
 
 
-def apply_embedding_sharding(model: nn.Module, plan: ShardingPlan, group, device, check_ids: bool = True) -> None:
-    """Replace every `EmbeddingCollection` in the model by a sharded one, keeping its weights."""
+def apply_embedding_sharding(model: nn.Module, plan: ShardingPlan, group, device, check_ids: bool = True,
+                             fused: dict | None = None) -> None:
+    """Replace every `EmbeddingCollection` in the model by a sharded one, keeping its weights
+    (`fused`: options of `FusedShardedEmbeddingCollection`, used instead for collections of dim >= 16)."""
     targets = [(path, m) for path, m in model.named_modules() if isinstance(m, EmbeddingCollection)]
     for path, coll in targets:
-        sharded = ShardedEmbeddingCollection.from_collection(coll, plan, group, device, check_ids)
+        if fused is not None and coll.tables[0].embedding_dim >= 16:  # tensor-core pre-reduction
+            sharded = FusedShardedEmbeddingCollection.from_collection(coll, plan, group, device, check=check_ids,
+                                                                      **fused)
+        else:
+            sharded = ShardedEmbeddingCollection.from_collection(coll, plan, group, device, check_ids)
         parent_path, _, name = path.rpartition(".")
         setattr(model.get_submodule(parent_path) if parent_path else model, name, sharded)
 
@@ -68,7 +80,8 @@ def apply_data_parallel(model: nn.Module, device: torch.device) -> None:
     """DDP over the dense parameters (composable: module names and state_dict keys stay the same)."""
     from torch.distributed._composable import replicate
 
-    ignored = [m for m in model.modules() if isinstance(m, ShardedEmbeddingCollection)]
+    ignored = [m for m in model.modules()
+               if isinstance(m, (ShardedEmbeddingCollection, FusedShardedEmbeddingCollection))]
     kwargs = {"device_ids": [device.index]} if device.type == "cuda" else {}
     # buffers (interaction indices) are constants: no broadcast before every forward
     newer = "forward_sync_buffers" in inspect.signature(nn.parallel.DistributedDataParallel.__init__).parameters
@@ -77,8 +90,9 @@ def apply_data_parallel(model: nn.Module, device: torch.device) -> None:
 
 
 def parallelize(model: nn.Module, plan: ShardingPlan | None, device: torch.device | str = "cpu",
-                check_ids: bool = True) -> nn.Module:
-    """Shard embeddings by `plan`, move the rest to `device`, wrap the dense part in DDP.
+                check_ids: bool = True, fused: dict | None = None) -> nn.Module:
+    """Shard embeddings by `plan` (fused collections with `fused` options), move the rest to
+    `device`, wrap the dense part in DDP.
 
     In a single process (or plan None) the model only moves to the device. Collective with N > 1:
     every rank calls it in the same order.
@@ -90,7 +104,7 @@ def parallelize(model: nn.Module, plan: ShardingPlan | None, device: torch.devic
     if plan.world_size != world:
         raise UserError(f"sharding plan is for {plan.world_size} ranks, this job has {world}")
     group = dist.new_group(list(range(world)))  # embedding traffic apart from DDP's buckets
-    apply_embedding_sharding(model, plan, group, device, check_ids)
+    apply_embedding_sharding(model, plan, group, device, check_ids, fused)
     model.to(device)
     apply_data_parallel(model, device)
     return model

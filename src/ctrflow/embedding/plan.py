@@ -21,6 +21,9 @@ from ctrflow.errors import UserError
 
 SHARDING_TYPES = ("table", "row", "column", "data")
 REPLICATE_BYTES = 1 << 20  # auto: tables up to 1 MiB are replicated (a dense all-reduce that small is cheap)
+# the fused path replicates up to 32 MiB (MLPerf: the 8 tables of 2k-40k rows, 60 MB in all): their
+# gradients' all-reduce (~62 MB) costs less than their share of the two bf16 all-to-alls (~200 MB per GPU)
+FUSED_REPLICATE_BYTES = 32 << 20
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,7 @@ def plan_sharding(
     memory_of: Callable[[TableConfig], int] | None = None,
     overrides: Mapping[str, str | Mapping] | None = None,
     replicate_bytes: int = REPLICATE_BYTES,
+    large: str = "row",
 ) -> ShardingPlan:
     """Place every table on `world_size` ranks, balancing memory and lookup load.
 
@@ -148,7 +152,10 @@ def plan_sharding(
     row-wise (its lookups spread evenly too); the rest go whole to the rank with the least memory
     plus lookup load that still has room. `memory_budget` is bytes per rank (None: unlimited);
     `memory_of(table)` the bytes a table costs incl. optimizer state (default: its weights);
-    `overrides` maps table names to a sharding type or a saved plan entry.
+    `overrides` maps table names to a sharding type or a saved plan entry. `large` is what "auto"
+    does with the large tables: "row" (split over every rank) or "table" (whole, spread to even out
+    the lookups per rank, row-wise only where no rank has room: static exchange sizes, the fused
+    path's choice).
     """
     memory_of = memory_of or (lambda t: t.bytes)
     budgets = _budgets(memory_budget, world_size)
@@ -164,10 +171,12 @@ def plan_sharding(
         if isinstance(spec, Mapping):
             placed[t.name] = _table_plan_from_spec(t, spec, world_size)
         else:
-            kind = _choose_auto(t, world_size, memory_of, fair_share, replicate_bytes) if spec == "auto" else spec
+            kind = (_choose_auto(t, world_size, memory_of, fair_share, replicate_bytes, large) if spec == "auto"
+                    else spec)
             if kind == "column" and t.embedding_dim < world_size and t.name not in (overrides or {}):
                 kind = "table"  # e.g. DeepFM's dim-1 tables: too narrow to split
-            rank = _least_loaded(t, world_size, memory_of, used, load, budgets) if kind == "table" else 0
+            rank = (_least_loaded(t, world_size, memory_of, used, load, budgets, by_load=large == "table")
+                    if kind == "table" else 0)
             if rank is None:  # no rank has room for the whole table
                 kind, rank = ("row", 0) if spec == "auto" else (kind, 0)
             placed[t.name] = TablePlan(kind, shards_for(t, kind, world_size, rank))
@@ -179,21 +188,26 @@ def plan_sharding(
     return ShardingPlan(world_size, {t.name: placed[t.name] for t in tables})
 
 
-def _choose_auto(t: TableConfig, world_size: int, memory_of, fair_share: float, replicate_bytes: int) -> str:
+def _choose_auto(t: TableConfig, world_size: int, memory_of, fair_share: float, replicate_bytes: int,
+                 large: str = "row") -> str:
     if world_size == 1:
         return "table"
     if t.bytes <= replicate_bytes:
         return "data"
-    return "row" if memory_of(t) > fair_share / 4 else "table"
+    return large if memory_of(t) > fair_share / 4 else "table"
 
 
-def _least_loaded(t: TableConfig, world_size: int, memory_of, used, load, budgets) -> int | None:
-    """The rank where this table adds least to the larger of its memory and lookup shares
-    (None when no rank has room for it)."""
+def _least_loaded(t: TableConfig, world_size: int, memory_of, used, load, budgets, by_load: bool = False
+                  ) -> int | None:
+    """The rank where this table adds least to the larger of its memory and lookup shares, or
+    (`by_load`) the least lookup load, then memory: the all-to-all and the fused update wait for
+    the busiest rank (None when no rank has room for it)."""
     need = memory_of(t)
     fits = [r for r in range(world_size) if used[r] + need <= budgets[r]]
     if not fits:
         return None
+    if by_load:
+        return min(fits, key=lambda r: (load[r], used[r], r))
     total_mem = max(sum(used) + need, 1.0)
     total_load = max(sum(load) + t.embedding_dim, 1.0)
     return min(fits, key=lambda r: (max((used[r] + need) / total_mem, (load[r] + t.embedding_dim) / total_load), r))

@@ -183,25 +183,8 @@ class ShardedEmbeddingCollection(nn.Module):
 
         `per_row`: tensors of one value per row (row-wise Adagrad state), equal across column shards.
         """
-        tp = self.plan.tables[name]
         table = next(t for t in self.tables if t.name == name)
-        if tp.sharding == "data" or self.world_size == 1:
-            return local.detach().cpu().clone()
-        numel = [s.num_rows * (1 if per_row else s.num_cols) for s in tp.shards]
-        width = max(numel)
-        mine = torch.zeros(width, device=self.device)
-        if local is not None:
-            mine[: local.numel()] = local.detach().reshape(-1)
-        parts = [torch.empty_like(mine) for _ in range(self.world_size)]
-        dist.all_gather(parts, mine, group=self.group)
-        full = torch.empty((table.num_embeddings,) if per_row else (table.num_embeddings, table.embedding_dim))
-        for s, n in zip(tp.shards, numel):
-            part = parts[s.rank][:n].cpu()
-            if per_row:
-                full[s.rows[0]:s.rows[1]] = part
-            else:
-                full[s.rows[0]:s.rows[1], s.cols[0]:s.cols[1]] = part.view(s.num_rows, s.num_cols)
-        return full
+        return gather_whole(table, self.plan.tables[name], local, self.group, self.device, per_row)
 
     def full_weights(self) -> dict[str, torch.Tensor]:
         """Whole tables by name, on CPU (collective: every rank must call it)."""
@@ -227,6 +210,29 @@ class ShardedEmbeddingCollection(nn.Module):
         total = partial.clone()
         dist.all_reduce(total, group=self.group)
         return total
+
+
+def gather_whole(table: TableConfig, tp, local: torch.Tensor | None, group, device, per_row: bool = False
+                 ) -> torch.Tensor:
+    """Whole `table` ([N, D], or [N] with `per_row`) from each rank's shard `local` under the table's
+    plan `tp` (collective over `group`; a replica or a single process returns its own copy; on CPU)."""
+    world = group_size(group)
+    if tp.sharding == "data" or world == 1:
+        return local.detach().cpu().clone()
+    numel = [s.num_rows * (1 if per_row else s.num_cols) for s in tp.shards]
+    mine = torch.zeros(max(numel), device=device)
+    if local is not None:
+        mine[: local.numel()] = local.detach().reshape(-1)
+    parts = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(parts, mine, group=group)
+    full = torch.empty((table.num_embeddings,) if per_row else (table.num_embeddings, table.embedding_dim))
+    for s, n in zip(tp.shards, numel):
+        part = parts[s.rank][:n].cpu()
+        if per_row:
+            full[s.rows[0]:s.rows[1]] = part
+        else:
+            full[s.rows[0]:s.rows[1], s.cols[0]:s.cols[1]] = part.view(s.num_rows, s.num_cols)
+    return full
 
 
 def _chunk_sums(values: list[int], chunk_lengths: list[int]) -> list[int]:

@@ -71,17 +71,24 @@ def print0(*args, **kwargs) -> None:
 
 
 def parallelize(model: nn.Module, runtime: Runtime, sharding: str = "auto", plan_file: str | None = None,
-                memory_of=None) -> nn.Module:
+                memory_of=None, fused: dict | None = None) -> nn.Module:
     """Hybrid parallelism, in place: for N processes the embedding tables are sharded by a plan
     (`--sharding`, `--plan`; printed on rank 0) and the dense part runs under DDP; for one
-    process the model only moves to the device. Every process calls this (collective)."""
+    process the model only moves to the device. Every process calls this (collective).
+    `fused`: the fused sharded collections' options (their auto plan keeps large tables whole
+    where they fit, for static all-to-all sizes, and replicates tables up to 32 MiB)."""
     if not runtime.distributed:
         return model.to(runtime.device)
     from ctrflow.embedding.parallelize import model_tables, parallelize as shard_and_replicate, plan_model
 
-    plan = plan_model(model, runtime.world_size, sharding, plan_file, runtime.device, memory_of=memory_of)
+    from ctrflow.embedding.plan import FUSED_REPLICATE_BYTES, REPLICATE_BYTES
+
+    plan = plan_model(model, runtime.world_size, sharding, plan_file, runtime.device, memory_of=memory_of,
+                      large="table" if fused is not None else "row",
+                      replicate_bytes=FUSED_REPLICATE_BYTES if fused is not None else REPLICATE_BYTES)
     print0("ctrflow train: sharding plan\n" + plan.describe(model_tables(model), memory_of))
-    return shard_and_replicate(model, plan, runtime.device)
+    # fused tables skip the per-step id check (a host sync), as in one process: the loader checked the ids
+    return shard_and_replicate(model, plan, runtime.device, check_ids=fused is None, fused=fused)
 
 
 def barrier(runtime: Runtime) -> None:

@@ -2,7 +2,9 @@
 
 One process on a CUDA GPU (with Triton) trains its embedding collections as
 `FusedEmbeddingCollection`s, which apply their own optimizer step in backward, so the loop builds
-no sparse optimizer for them; DLRM's interaction becomes `FusedDotInteraction`. The swap keeps the
+no sparse optimizer for them; DLRM's interaction becomes `FusedDotInteraction`. Under torchrun
+each rank holds its shards in a `FusedShardedEmbeddingCollection` (the same kernels behind the
+all-to-all; `parallelize(..., fused=sharded_options(...))`). The swap keeps the
 tables' names and values, so checkpoints hold whole tables and optimizer state in the plain
 `SparseOptimizer`'s format, and load on any path (CPU, fused, N processes).
 """
@@ -22,6 +24,7 @@ from ctrflow.errors import UserError
 from ctrflow.models import embedding_collections, replace_module
 from ctrflow.models.layers import DotInteraction
 from ctrflow.train.distributed import Runtime
+from ctrflow.train.fp8 import check_fp8_device
 
 # plain --sparse-optimizer -> (fused kernel's rule, the plain kind whose state format it shares);
 # "auto" on the fused path is LazyAdam for every table (the fused Adam touches only seen rows)
@@ -31,30 +34,66 @@ _STATE = {"sgd": {}, "adagrad": {"sum": "state1"}, "lazy_adam": {"exp_avg": "sta
 
 
 def use_fused(config: TrainConfig, runtime: Runtime) -> bool:
-    """`--embedding auto`: fused for one process on a CUDA GPU with Triton; `fused` insists (one
-    process; off CUDA the fused collection runs its torch version, slowly); `plain` never."""
+    """`--embedding auto`: fused on a CUDA GPU with Triton (under torchrun: each rank's shards,
+    unless the plan has column-wise tables); `fused` insists (off CUDA the fused collection runs its
+    torch version, slowly); `plain` never."""
     if config.embedding == "plain":
         return False
+    column = runtime.distributed and _plans_columns(config)
     if config.embedding == "fused":
-        if runtime.distributed:
-            raise UserError("--embedding fused needs one process: under torchrun the tables are sharded "
-                            "(use --embedding plain or auto)")
+        if column:
+            raise UserError("--embedding fused: column-wise sharding is not fused; use --embedding plain "
+                            "or another --sharding/--plan")
         if config.optim.sparse not in FUSED_KINDS:
             raise UserError(f"--embedding fused: --sparse-optimizer {config.optim.sparse} is not fused; "
                             f"choose one of {', '.join(FUSED_KINDS)}")
         return True
     if config.embedding != "auto":
         raise UserError(f"--embedding must be auto, fused or plain, got {config.embedding!r}")
-    fast = runtime.device.type == "cuda" and not runtime.distributed and ops.triton is not None
+    fast = runtime.device.type == "cuda" and ops.triton is not None and not column
     return fast and config.optim.sparse in FUSED_KINDS
 
 
+def _plans_columns(config: TrainConfig) -> bool:
+    """Whether `--sharding`/`--plan` asks for column-wise tables."""
+    if config.sharding == "column":
+        return True
+    if not config.plan:
+        return False
+    from ctrflow.embedding.plan import read_plan_overrides
+
+    return any((spec if isinstance(spec, str) else spec.get("sharding")) == "column"
+               for spec in read_plan_overrides(config.plan).values())
+
+
+def sharded_options(cfg: OptimConfig, output_dtype: torch.dtype | None) -> dict[str, Any]:
+    """Options of the fused sharded collections under torchrun (`parallelize(..., fused=...)`)."""
+    return {"optimizer": FUSED_KINDS[cfg.sparse][0], "lr": cfg.lr if cfg.sparse_lr is None else cfg.sparse_lr,
+            "output_dtype": output_dtype or torch.float32}
+
+
+def swap_interactions(model: nn.Module) -> None:
+    """DLRM's dot interaction becomes the fused one (same function, no weights)."""
+    for path, module in list(model.named_modules()):
+        if type(module) is DotInteraction:
+            replace_module(model, path, FusedDotInteraction.from_plain(module))
+
+
+def fused_collections(model: nn.Module) -> dict[str, nn.Module]:
+    """The collections of `model` that train themselves (fused, sharded or not)."""
+    return {path: coll for path, coll in embedding_collections(model).items() if hasattr(coll, "table_states")}
+
+
 def autocast_dtype(config: TrainConfig, runtime: Runtime) -> torch.dtype | None:
-    """The dense part's autocast dtype: `--precision auto` is bf16 on CUDA, fp32 (None) elsewhere."""
+    """The dense part's autocast dtype: `--precision auto` is bf16 on CUDA, fp32 (None) elsewhere;
+    `fp8` is bf16 autocast with the large Linear products in fp8 (`ctrflow.train.fp8.apply_fp8`,
+    which the caller applies), refused with a UserError off a CUDA GPU of compute capability 8.9+."""
     if config.precision == "fp32" or (config.precision == "auto" and runtime.device.type != "cuda"):
         return None
-    if config.precision not in ("auto", "bf16"):
-        raise UserError(f"--precision must be auto, fp32 or bf16, got {config.precision!r}")
+    if config.precision not in ("auto", "bf16", "fp8"):
+        raise UserError(f"--precision must be auto, fp32, bf16 or fp8, got {config.precision!r}")
+    if config.precision == "fp8":
+        check_fp8_device(runtime.device)
     return torch.bfloat16
 
 
@@ -72,9 +111,7 @@ def apply_fused(model: nn.Module, cfg: OptimConfig, device: torch.device,
                 coll, optimizer=rule, lr=lr, device=device, output_dtype=output_dtype or torch.float32,
                 check_ids=False)  # the loader checked every id on the host
             replace_module(model, path, fused[path])
-    for path, module in list(model.named_modules()):
-        if type(module) is DotInteraction:
-            replace_module(model, path, FusedDotInteraction.from_plain(module))
+    swap_interactions(model)
     return fused
 
 
@@ -82,7 +119,7 @@ class FusedTables:
     """The optimizer face of the fused collections: learning rate and state in `SparseOptimizer`'s
     format (`kinds`, whole-table `tables` by name, `steps`), so checkpoints cross paths."""
 
-    def __init__(self, collections: dict[str, FusedEmbeddingCollection], sparse: str):
+    def __init__(self, collections: dict[str, nn.Module], sparse: str):
         self.collections = collections
         self.kind = FUSED_KINDS[sparse][1]
 
@@ -92,25 +129,19 @@ class FusedTables:
             coll.set_lr(lr)
 
     def state_dict(self) -> dict[str, Any]:
-        """`{"kinds": {table: kind}, "tables": {table: {key: [rows(, D)] tensor}}}` on the CPU."""
-        kinds, tables = {}, {}
+        """`{"kinds": {table: kind}, "tables": {table: {key: [rows(, D)] tensor}}}` on the CPU
+        (collective when the tables are sharded)."""
+        tables = {}
         for coll in self.collections.values():
-            state = coll.optimizer_state()
-            for t, start in zip(coll.tables, coll.offsets.tolist()):
-                kinds[t.name] = self.kind
-                tables[t.name] = {key: state[src][start:start + t.num_embeddings].detach().cpu().clone()
-                                  for key, src in _STATE[self.kind].items()}
-        return {"kinds": kinds, "tables": tables}
+            tables.update(coll.table_states(_STATE[self.kind]))
+        return {"kinds": {name: self.kind for name in tables}, "tables": tables}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Inverse of `state_dict`, from a checkpoint of any path (names a table or kind that differs)."""
         for coll in self.collections.values():
-            current = coll.optimizer_state()
-            current["hyper"][1].fill_(float(state.get("steps", 0)))
-            for t, start in zip(coll.tables, coll.offsets.tolist()):
+            for t in coll.tables:
                 saved_kind = state["kinds"].get(t.name)
                 if saved_kind != self.kind:
                     raise UserError(f"table {t.name}: checkpoint used {saved_kind}, this run {self.kind} "
                                     "(fused tables: auto means lazy_adam)")
-                for key, src in _STATE[self.kind].items():
-                    current[src][start:start + t.num_embeddings].copy_(state["tables"][t.name][key])
+            coll.load_table_states(_STATE[self.kind], state["tables"], state.get("steps", 0))

@@ -28,7 +28,10 @@ from ctrflow.models import build_model
 from ctrflow.tracking import NullTracker, Tracker
 from ctrflow.train import checkpoint
 from ctrflow.train.distributed import Runtime, close_runtime, init_runtime, parallelize, print0
-from ctrflow.train.fused import FusedTables, apply_fused, autocast_dtype, use_fused
+from ctrflow.train.fp8 import apply_fp8
+from ctrflow.train.fused import (FusedTables, apply_fused, autocast_dtype, fused_collections, sharded_options,
+                                 swap_interactions, use_fused)
+from ctrflow.train.graphs import GraphedStep, compile_dense, use_compile, use_graphs
 from ctrflow.train.optim import Optimizers, build_optimizers, lr_factor, sparse_memory
 from ctrflow.train.progress import ProgressLog, restart_metrics
 from ctrflow.train.validate import validate
@@ -79,13 +82,22 @@ def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
     m = config.model
     model = build_model(m.name, schema, m.embedding_dim, seed=config.seed, **m.arch_kwargs())
     amp = autocast_dtype(config, runtime)
-    fused = None
-    if use_fused(config, runtime):  # one process: tables built straight on the device, fused
+    if config.precision == "fp8":  # autocast_dtype checked the GPU; same parameters, so before the rest
+        apply_fp8(model)
+    fused, fused_options = None, None
+    if use_fused(config, runtime) and not runtime.distributed:  # tables built straight on the device, fused
         fused = FusedTables(apply_fused(model, config.optim, runtime.device, amp), config.optim.sparse)
+    elif use_fused(config, runtime):  # N processes: each rank's shards fused, behind the all-to-all
+        swap_interactions(model)
+        fused_options = sharded_options(config.optim, amp)
     # before the optimizers: sharding replaces the tables' parameters by this process's shards;
     # it moves the model to the device (only this process's shards, never whole tables)
-    model = parallelize(model, runtime, config.sharding, config.plan, sparse_memory(config.optim))
+    model = parallelize(model, runtime, config.sharding, config.plan, sparse_memory(config.optim), fused_options)
+    if fused_options is not None:
+        fused = FusedTables(fused_collections(model), config.optim.sparse)
     optimizers = build_optimizers(model, config.optim, fused)
+    if fused is not None and not runtime.distributed and use_compile(config, runtime):
+        compile_dense(model)  # same parameters: optimizers and checkpoints see no difference
     epoch_steps = len(train_loader)
     total = config.epochs * epoch_steps
     total = total if config.max_steps is None else min(config.max_steps, total)
@@ -104,7 +116,8 @@ def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
     print0(f"ctrflow train: {m.name}, {dense_params:,} dense parameters, {sum(schema.table_sizes()):,} embedding "
            f"rows x {m.embedding_dim}; {len(train_loader.dataset):,} train rows, {epoch_steps} steps/epoch of "
            f"{config.data.batch_size}; {runtime.world_size} process(es) on {runtime.device}; "
-           f"{'fused' if fused else 'plain'} tables, {'bf16 autocast' if amp else 'fp32'}")
+           f"{'fused' if fused else 'plain'} tables, {'bf16 autocast' if amp else 'fp32'}"
+           f"{' + fp8 Linear' if config.precision == 'fp8' else ''}")
     return session
 
 
@@ -156,11 +169,12 @@ def _fit(s: Session) -> dict[str, Any]:
     log = ProgressLog(s.out, s.runtime, s.tracker, cfg.data.batch_size, s.total_steps, s.step, cfg.progress)
     done = {"eval": -1, "ckpt": -1}
     valid: dict[str, float] = {}
+    step_fn = GraphedStep(train_step) if use_graphs(cfg, s.runtime, s.optimizers) else train_step
     try:
         while s.step < s.total_steps and s.epoch < cfg.epochs:
             for batch in s.train_loader.batches(s.epoch, start=s.batch):
                 s.optimizers.set_lr_factor(lr_factor(s.step, cfg.optim, s.total_steps))
-                log.add(train_step(s.model, batch, s.optimizers, s.runtime.device, s.amp))
+                log.add(step_fn(s.model, batch, s.optimizers, s.runtime.device, s.amp))
                 s.step, s.batch = s.step + 1, s.batch + 1
                 epoch_end = s.batch == len(s.train_loader)
                 if epoch_end:

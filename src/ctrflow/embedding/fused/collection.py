@@ -130,6 +130,24 @@ class FusedEmbeddingCollection(nn.Module):
         st = self.row_state
         return {"hyper": st.hyper, "state1": st.state1, "state2": st.state2}
 
+    def table_states(self, keys: dict[str, str]) -> dict[str, dict[str, torch.Tensor]]:
+        """Optimizer state as whole tables: {table: {key: rows of state[src]}} for `keys` {key: src}
+        (src "state1" or "state2"), copied to the CPU."""
+        state = self.optimizer_state()
+        return {t.name: {key: state[src][start:start + t.num_embeddings].detach().cpu().clone()
+                         for key, src in keys.items()}
+                for t, start in zip(self.tables, self.offsets.tolist())}
+
+    @torch.no_grad()
+    def load_table_states(self, keys: dict[str, str], tables: dict[str, dict[str, torch.Tensor]],
+                          steps: float) -> None:
+        """Inverse of `table_states`; `steps` is the optimizer's step count (Adam's bias correction)."""
+        state = self.optimizer_state()
+        state["hyper"][1].fill_(float(steps))
+        for t, start in zip(self.tables, self.offsets.tolist()):
+            for key, src in keys.items():
+                state[src][start:start + t.num_embeddings].copy_(tables[t.name][key])
+
 
 def _capturing(ids: torch.Tensor) -> bool:
     return ids.is_cuda and torch.cuda.is_current_stream_capturing()

@@ -32,7 +32,7 @@ def gather_rows_kernel(ids_ptr, offsets_ptr, weight_ptr, out_ptr, n_items, num_f
 
 @triton.jit
 def accumulate_segments_kernel(sorted_rows_ptr, order_ptr, slot_ptr, grad_ptr, acc_ptr, unique_rows_ptr,
-                               weight_ptr, hyper_ptr, n_items, num_features, stride_b, stride_f,
+                               weight_ptr, hyper_ptr, n_items, num_features, stride_b, stride_f, grad_scale,
                                D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                                PRE_REDUCE: tl.constexpr, GRAD_IS_BF16: tl.constexpr, DIRECT_SGD: tl.constexpr):
     """acc[slot[p]] += grad[order[p]] over BLOCK_N sorted positions p; unique_rows[slot[p]] = row.
@@ -42,7 +42,8 @@ def accumulate_segments_kernel(sorted_rows_ptr, order_ptr, slot_ptr, grad_ptr, a
     atomic row per block instead of one per position). With DIRECT_SGD (needs PRE_REDUCE, fp32
     weights) the block adds -lr * its sums straight into the weight rows: SGD is linear, so partial
     sums may land in any order, and no sum buffer or update kernel is needed.
-    grad is [B, F, D] with strides (stride_b, stride_f, 1): position n is (n // F, n % F).
+    grad is [B, F, D] with strides (stride_b, stride_f, 1): position n is (n // F, n % F); the sums
+    are multiplied by `grad_scale` (1/world on the sharded path: the average over ranks, like DDP).
     """
     start = tl.program_id(0).to(tl.int64) * BLOCK_N
     items = start + tl.arange(0, BLOCK_N)
@@ -68,6 +69,7 @@ def accumulate_segments_kernel(sorted_rows_ptr, order_ptr, slot_ptr, grad_ptr, a
             # fp32 grads: a second bf16 product of the remainder keeps ~16 mantissa bits
             low = (grad.to(tl.float32) - high.to(tl.float32)).to(tl.bfloat16)
             sums += tl.dot(onehot, low, out_dtype=tl.float32)
+        sums = sums * grad_scale
         used = targets <= tl.max(tl.where(in_range, local, 0), axis=0)
         out_mask = used[:, None] & (cols[None, :] < D)
         if DIRECT_SGD:
@@ -79,7 +81,7 @@ def accumulate_segments_kernel(sorted_rows_ptr, order_ptr, slot_ptr, grad_ptr, a
             tl.atomic_add(acc_ptr + (first + targets)[:, None] * D + cols[None, :], sums, mask=out_mask,
                           sem="relaxed")
     else:
-        tl.atomic_add(acc_ptr + slot[:, None] * D + cols[None, :], grad.to(tl.float32), mask=mask,
+        tl.atomic_add(acc_ptr + slot[:, None] * D + cols[None, :], grad.to(tl.float32) * grad_scale, mask=mask,
                       sem="relaxed")
 
 

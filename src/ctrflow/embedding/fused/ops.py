@@ -42,15 +42,21 @@ def uses_kernels(weight: torch.Tensor) -> bool:
     return weight.is_cuda and kernels is not None
 
 
-def lookup(ids: torch.Tensor, offsets: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """ids [B, F] -> rows [B, F, D] of `weight` (row ids[b, f] + offsets[f]), cast to `out_dtype`."""
+def lookup(ids: torch.Tensor, offsets: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """ids [B, F] -> rows [B, F, D] of `weight` (row ids[b, f] + offsets[f]), cast to `out_dtype`
+    (written into `out`, a contiguous [B, F, D] tensor, when given). Also a generic row gather."""
     batch, features = ids.shape
     dim = weight.shape[1]
+    if out is None:
+        out = torch.empty(batch, features, dim, dtype=out_dtype, device=weight.device)
     if not uses_kernels(weight):
-        return weight[(ids + offsets).reshape(-1)].to(out_dtype).view(batch, features, dim)
+        out.copy_(weight[(ids + offsets).reshape(-1)].view(batch, features, dim))
+        return out
     ids = ids.contiguous()
-    out = torch.empty(batch, features, dim, dtype=out_dtype, device=weight.device)
     n_items = batch * features
+    if n_items == 0:
+        return out
     block_n = 32
     kernels.gather_rows_kernel[(triton.cdiv(n_items, block_n),)](
         ids, offsets, weight, out, n_items, features, D=dim, BLOCK_D=triton.next_power_of_2(dim),
@@ -59,8 +65,9 @@ def lookup(ids: torch.Tensor, offsets: torch.Tensor, weight: torch.Tensor, out_d
 
 
 def update_rows(ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor, weight: torch.Tensor,
-                state: RowState, scratch: dict, pre_reduce: bool = True) -> None:
-    """Apply one optimizer step to the rows of `weight` that `ids` [B, F] touched, given grad [B, F, D].
+                state: RowState, scratch: dict, pre_reduce: bool = True, grad_scale: float = 1.0) -> None:
+    """Apply one optimizer step to the rows of `weight` that `ids` [B, F] touched, given grad [B, F, D]
+    times `grad_scale`.
 
     Repeated rows are summed first (as a sparse gradient would be), then stepped once.
     `scratch` keeps the fp32 sum buffer between calls (the update kernel leaves it zeroed).
@@ -69,16 +76,18 @@ def update_rows(ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor, we
     if state.optimizer == "adam":
         state.hyper[1].add_(1.0)
     if uses_kernels(weight):
-        _update_rows_triton(rows, ids.shape[1], grad, weight, state, scratch, pre_reduce)
+        _update_rows_triton(rows, ids.shape[1], grad, weight, state, scratch, pre_reduce, grad_scale)
         return
     unique, inverse = torch.unique(rows, return_inverse=True)
     summed = torch.zeros(unique.numel(), weight.shape[1], dtype=torch.float32, device=grad.device)
     summed.index_add_(0, inverse, grad.reshape(-1, weight.shape[1]).float())
+    if grad_scale != 1.0:
+        summed.mul_(grad_scale)
     apply_reference(unique, summed, weight, state)
 
 
 def _update_rows_triton(rows: torch.Tensor, features: int, grad3: torch.Tensor, weight: torch.Tensor,
-                        state: RowState, scratch: dict, pre_reduce: bool) -> None:
+                        state: RowState, scratch: dict, pre_reduce: bool, grad_scale: float = 1.0) -> None:
     """`update_rows` on the GPU: rows [N] (global), grad3 [B, F, D], maybe a strided view (a slice
     of the interaction's input gradient). Sort, number the distinct rows, two kernels (one for SGD)."""
     dim = weight.shape[1]
@@ -101,8 +110,8 @@ def _update_rows_triton(rows: torch.Tensor, features: int, grad3: torch.Tensor, 
     block_n = 64 if pre_reduce else 32
     kernels.accumulate_segments_kernel[(triton.cdiv(n_items, block_n),)](
         sorted_rows, order, slot, grad3, acc, unique_rows, weight, state.hyper, n_items, features,
-        grad3.stride(0), grad3.stride(1), D=dim, BLOCK_D=block_d, BLOCK_N=block_n, PRE_REDUCE=pre_reduce,
-        GRAD_IS_BF16=grad3.dtype == torch.bfloat16, DIRECT_SGD=direct, num_warps=4)
+        grad3.stride(0), grad3.stride(1), float(grad_scale), D=dim, BLOCK_D=block_d, BLOCK_N=block_n,
+        PRE_REDUCE=pre_reduce, GRAD_IS_BF16=grad3.dtype == torch.bfloat16, DIRECT_SGD=direct, num_warps=4)
     if direct:
         return
     # bf16/fp16 weights: one row per program (16-row tiles lost updates on the GPU; NOTES.md)

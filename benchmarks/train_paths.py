@@ -1,0 +1,216 @@
+"""The training paths that `train_throughput.py` times: how each one is built, and its step.
+
+A path is named `kind[:option...]`: kind is naive | fused | fused-eager (no graph) | fused-compile
+(graph + each dense module torch.compile'd) | fused-compile-head (graph + the model's whole `head`,
+everything after the lookup, compiled as one graph; DCNv2) | loop (what `ctrflow train` runs on one
+GPU: the loop's own `train_step` under `ctrflow.train.graphs.GraphedStep`, `compile_dense`, the
+loop's optimizers; no aligned Linear inputs; DCNv2's Adam) | plain (fp32 `EmbeddingCollection`,
+torch optimizers: the quality reference). Options: `fp8` (what `ctrflow train --precision fp8` does:
+`ctrflow.train.fp8.apply_fp8`'s defaults: both products of every Linear >= 512 wide in fp8, row
+scales, e5m2 gradients, fast accumulation), `fp8w` (only the products whose quantized operand is
+the narrow side), `fp8t` (one scale per tensor), `fp32acc` (fp32 accumulation), `e4m3g` (e4m3
+gradients), `foreach` (torch's multi-tensor Adam instead of the fused one). Device call 2 of session
+2 named these differently: its `fp8all:fastacc` is today's `fp8`, `fp8all` is `fp8:fp32acc`, `fp8`
+is `fp8w:fp32acc`, `fp8:fastacc` is `fp8w`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ctrflow.config import OptimConfig
+from ctrflow.data.batch import Batch
+from ctrflow.data.schema import SPARSE
+from ctrflow.embedding.fused import FusedEmbeddingCollection
+from ctrflow.embedding.fused.dense import align_linear_inputs
+from ctrflow.embedding.fused.interaction import FusedDotInteraction
+from ctrflow.embedding.fused.reference import RowwiseAdagrad
+from ctrflow.embedding.tables import tables_for
+from ctrflow.models import build_model, replace_module
+from ctrflow.models.layers import DotInteraction
+from ctrflow.train.fp8 import E4M3, E5M2, apply_fp8
+from ctrflow.train.fused import FusedTables
+from ctrflow.train.graphs import GraphedStep, compile_dense
+from ctrflow.train.loop import train_step
+from ctrflow.train.optim import build_optimizers
+
+ARCH = {  # MLPerf shapes; DCNv2: 3 cross layers of rank 512
+    "dlrm": {"bottom_mlp": (512, 256), "top_mlp": (1024, 1024, 512, 256)},
+    "dcnv2": {"bottom_mlp": (512, 256), "deep_mlp": (1024, 1024, 512, 256), "cross_layers": 3, "cross_rank": 512},
+}
+SMALL_ARCH = {"dlrm": {"bottom_mlp": (32, 16), "top_mlp": (64, 32)},
+              "dcnv2": {"bottom_mlp": (32, 16), "deep_mlp": (64, 32), "cross_layers": 2, "cross_rank": 8}}
+TABLE_OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.SparseAdam, "rowwise_adagrad": RowwiseAdagrad}
+KINDS = ("naive", "fused", "fused-eager", "fused-compile", "fused-compile-head", "loop", "plain")
+OPTIONS = ("fp8", "fp8w", "fp8t", "fp32acc", "e4m3g", "foreach")
+FP8 = {"fp8", "fp8w", "fp8t"}
+PRECISION_OPTIONS = FP8 | {"e4m3g", "fp32acc"}
+GRAPHED = ("fused", "fused-compile", "fused-compile-head")
+
+
+def split_path(name: str) -> tuple[str, set[str]]:
+    """`"fused-compile-head:fp8"` -> ("fused-compile-head", {"fp8"}); ValueError on unknown parts."""
+    kind, *options = name.split(":")
+    if kind not in KINDS or not set(options) <= set(OPTIONS):
+        raise ValueError(f"unknown path {name!r}: kinds {', '.join(KINDS)}; options {', '.join(OPTIONS)}")
+    return kind, set(options)
+
+
+def precision_of(name: str, device: torch.device) -> str:
+    """What the path's dense products compute in, for the JSON line."""
+    kind, options = split_path(name)
+    rest = "bf16 autocast" if kind != "plain" and device.type == "cuda" else "fp32"
+    if options & FP8:
+        grads = "e4m3" if "e4m3g" in options else "e5m2"
+        scales = "tensor" if "fp8t" in options else "row"
+        products = "narrow-operand products" if "fp8w" in options else "all products"
+        accumulate = "fp32" if "fp32acc" in options else "fast"
+        return (f"fp8 (Linear >= 512 wide, {products}: e4m3 x {grads} grads, {scales} scales, {accumulate} "
+                f"accumulation) + {rest}")
+    return rest
+
+
+class NaiveBags(nn.Module):
+    """The naive baseline's sparse arch: one `nn.EmbeddingBag` (sparse gradients) per table."""
+
+    def __init__(self, sizes: list[int], dim: int, device: torch.device):
+        super().__init__()
+        self.bags = nn.ModuleList(nn.EmbeddingBag(n, dim, mode="sum", sparse=True, device=device) for n in sizes)
+        for bag, n in zip(self.bags, sizes):
+            nn.init.uniform_(bag.weight, -n ** -0.5, n ** -0.5)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.stack([bag(ids[:, i:i + 1]) for i, bag in enumerate(self.bags)], dim=1)  # [B, 26, D]
+
+
+def build_path(name: str, args, sizes: list[int], device: torch.device, optim: tuple):
+    """(model, step function) for the path `name` (module doc)."""
+    kind, options = split_path(name)
+    arch = (SMALL_ARCH if args.small else ARCH)[args.model]
+    if kind == "loop":
+        return build_loop_path(args, arch, sizes, device, optim, options)
+    if kind == "plain":
+        model = build_model(args.model, sizes, args.dim, **arch).to(device)
+        tables = [p for p in model.embeddings.weights.values()]
+    else:
+        # tiny tables: the dense layers come out the same, and no 96 GB is drawn on the host
+        model = build_model(args.model, [1] * len(SPARSE), args.dim, **arch)
+        if kind == "naive":
+            replace_module(model, "embeddings", NaiveBags(sizes, args.dim, device))
+            tables = list(model.embeddings.parameters())
+        else:
+            scope = {"fused-compile": "parts", "fused-compile-head": "head"}.get(kind, "")
+            make_fast(model, args, sizes, device, optim, compile_scope=scope, options=options)
+            tables = []
+        model.to(device)
+    graphs = device.type == "cuda" and kind in GRAPHED
+    fused_adam = device.type == "cuda" and kind not in ("plain", "naive") and "foreach" not in options
+    opts = make_optimizers(model, tables, optim, naive=kind == "naive", capturable=graphs, fused=fused_adam)
+    autocast = kind != "plain" and device.type == "cuda"
+
+    def step(dense_x, ids, labels):
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, torch.bfloat16, enabled=autocast):
+            logits = model(dense_x, ids)
+        loss = F.binary_cross_entropy_with_logits(logits.float(), labels)
+        loss.backward()
+        for opt in opts:
+            opt.step()
+        return loss.detach()
+
+    return model, (capture_step(step, device) if graphs else step)
+
+
+def build_loop_path(args, arch: dict, sizes: list[int], device: torch.device, optim: tuple, options: set[str]):
+    """(model, step) as `ctrflow train` builds them on one GPU (tables drawn on the device, as the
+    benchmark's other fused paths: `apply_fused` would first build 96 GB of plain tables on the host)."""
+    if device.type != "cuda" or optim[0] != "adam":
+        raise ValueError("the loop path needs CUDA and a dense Adam (--model dcnv2)")
+    model = build_model(args.model, [1] * len(SPARSE), args.dim, **arch)
+    make_fast(model, args, sizes, device, optim, compile_scope="", options=options, align=False)
+    model.to(device)
+    compile_dense(model)
+    sparse = {"rowwise_adagrad": "adagrad", "adam": "lazy_adam"}.get(optim[2], optim[2])
+    fused = FusedTables({"embeddings": model.embeddings}, sparse)
+    cfg = OptimConfig(dense="adam", lr=optim[1], sparse=sparse, sparse_lr=optim[3])
+    optimizers = build_optimizers(model, cfg, fused)
+    graphed = GraphedStep(train_step)
+
+    def step(dense_x, ids, labels):
+        optimizers.set_lr_factor(1.0)  # the loop sets the schedule's value before every step
+        return graphed(model, Batch(dense_x, ids, labels), optimizers, device, torch.bfloat16)
+
+    return model, step
+
+
+def make_optimizers(model: nn.Module, tables: list, optim: tuple, naive: bool, capturable: bool,
+                    fused: bool = False) -> list:
+    """Dense optimizer over every parameter but `tables`, and the table optimizer over `tables`
+    (none for the fused path, which updates its tables in backward). `fused`: torch's one-kernel
+    Adam (one launch for all dense parameters instead of a few per group of tensors)."""
+    table_ids = {id(p) for p in tables}
+    dense = [p for p in model.parameters() if id(p) not in table_ids]
+    dense_opt, dense_lr, table_opt, table_lr = optim
+    if dense_opt == "sgd":
+        opts = [torch.optim.SGD(dense, lr=dense_lr)]
+    else:
+        opts = [torch.optim.Adam(dense, lr=dense_lr, capturable=capturable, fused=fused or None)]
+    if naive:  # the naive baseline is SGD: optimizer state for 96 GB of tables would not fit
+        opts.append(torch.optim.SGD(tables, lr=table_lr))
+    elif tables:
+        opts.append(TABLE_OPTIMIZERS[table_opt](tables, lr=table_lr))
+    return opts
+
+
+def make_fast(model: nn.Module, args, sizes: list[int], device: torch.device, optim: tuple,
+              compile_scope: str, options: set[str] = frozenset(), align: bool = True) -> None:
+    """The fast path's swaps, each computing the same function: fused tables, fused dot interaction,
+    tensor-core-aligned Linear inputs, fp8 Linear layers if `options` ask, and optionally
+    torch.compile'd dense parts (`compile_scope` "parts": each dense module apart; "head": the
+    model's `head` method as one graph, where the model has one)."""
+    out_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # halves lookup + grad bytes
+    replace_module(model, "embeddings", FusedEmbeddingCollection(
+        tables_for(sizes, list(SPARSE), args.dim), seed=0, optimizer=optim[2], lr=optim[3], device=device,
+        output_dtype=out_dtype, storage_dtype=getattr(torch, args.storage), check_ids=False,
+        pre_reduce=not args.no_pre_reduce))
+    if isinstance(model.interaction, DotInteraction):
+        replace_module(model, "interaction", FusedDotInteraction.from_plain(model.interaction))
+    if align and not args.no_align:
+        align_linear_inputs(model)
+    if options & FP8:
+        apply_fp8(model, min_features=16 if args.small else 512, rule="widening" if "fp8w" in options else "all",
+                  grad_dtype=E4M3 if "e4m3g" in options else E5M2, rowwise="fp8t" not in options,
+                  fast_accum="fp32acc" not in options)
+    if compile_scope == "head" and hasattr(model, "head"):
+        model.head = torch.compile(model.head, mode=args.compile_mode)  # instance attribute: forward finds it
+    elif compile_scope:
+        for name in ("dense_arch", "interaction", "over_arch"):
+            replace_module(model, name, torch.compile(model.get_submodule(name), mode=args.compile_mode))
+
+
+def capture_step(step, device: torch.device):
+    """The whole training step as one CUDA graph; inputs are copied into its static tensors."""
+    static: list[torch.Tensor] = []
+    graph = torch.cuda.CUDAGraph()
+    holder: dict = {}
+
+    def run(*batch):
+        if not static:
+            static.extend(t.clone() for t in batch)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up outside capture: kernel compiles, buffers, state
+                for _ in range(3):
+                    step(*static)
+            torch.cuda.current_stream().wait_stream(side)
+            with torch.cuda.graph(graph):
+                holder["loss"] = step(*static)
+        for dst, src in zip(static, batch):
+            dst.copy_(src, non_blocking=True)
+        graph.replay()
+        return holder["loss"]
+
+    return run

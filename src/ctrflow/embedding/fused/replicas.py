@@ -1,0 +1,80 @@
+"""Replicated (data-parallel) tables on the fused sharded path: gradients summed densely over ranks.
+
+Replicated tables are the small ones (the planner replicates tables up to 1 MiB), so each rank
+sums its batch's gradient into a dense fp32 buffer ([rows, D] sums, then a count of touches per
+row), one all-reduce adds every rank's, and every rank applies the same update to the rows any
+rank touched: the replicas stay identical, and the result equals one process on the global batch.
+Masked over all rows instead of gathering the touched ones: no device-to-host read.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ctrflow.embedding.fused import ops
+from ctrflow.embedding.fused.collection import FusedEmbeddingCollection
+
+
+def replicated_grad(ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor, num_rows: int,
+                    scratch: dict, counts: bool = True) -> torch.Tensor:
+    """[num_rows * (D + 1)] fp32: grad [b, n, D] of ids [b, n] (rows ids + offsets of the replica
+    buffer) summed per row ([num_rows, D] first), then the number of lookups of each row (left
+    zero without `counts`: SGD on fp32 replicas needs no mask, see `needs_counts`).
+
+    The sums use the fused kernels (sorted, pre-reduced per block: tiny tables' rows are hit by
+    most of the batch, and an atomic add per lookup would serialize) as an SGD step of rate -1 on a
+    zeroed buffer.
+    """
+    dim = grad.shape[-1]
+    buf = torch.zeros(num_rows * (dim + 1), dtype=torch.float32, device=grad.device)
+    sums = buf[:num_rows * dim].view(num_rows, dim)
+    if "add" not in scratch:
+        one = torch.zeros(1, device=grad.device)
+        scratch["add"] = ops.RowState("sgd", torch.tensor([-1.0, 0.0], device=grad.device), one, one)
+    if ids.numel():
+        ops.update_rows(ids, offsets, grad, sums, scratch["add"], scratch)
+    if ids.numel() and counts:
+        # index_add reads nothing back (bincount does: its size), so the step can be captured; histc
+        # is no substitute: its float bin arithmetic misplaces ids beyond ~2^24 / bins
+        rows = (ids + offsets).reshape(-1)
+        buf[num_rows * dim:].index_add_(0, rows, torch.ones(rows.shape[0], dtype=torch.float32, device=rows.device))
+    return buf
+
+
+def needs_counts(replica: FusedEmbeddingCollection) -> bool:
+    """Whether the update needs the touch counts (all but SGD on fp32 replicas, which adds zero to
+    untouched rows anyway)."""
+    return not (replica.row_state.optimizer == "sgd" and replica.weight.dtype == torch.float32)
+
+
+@torch.no_grad()
+def apply_replicated(acc: torch.Tensor, replica: FusedEmbeddingCollection, world: int) -> None:
+    """One optimizer step of the replica from the all-reduced `acc`: gradient = sum / world on the
+    rows some rank touched (the fused kernels' rules: SGD, row-wise Adagrad, lazy Adam)."""
+    st, weight = replica.row_state, replica.weight
+    rows, dim = weight.shape
+    sums = acc[:rows * dim].view(rows, dim)
+    if not needs_counts(replica):  # untouched rows have zero sums
+        weight.addcmul_(sums, st.hyper[0], value=-1.0 / world)
+        return
+    touched = acc[rows * dim:] > 0  # [R]
+    grad = sums / world
+    lr = st.hyper[0]
+    w = weight.float()
+    if st.optimizer == "sgd":
+        new = w - lr * grad
+    elif st.optimizer == "rowwise_adagrad":
+        s = torch.where(touched, st.state1 + grad.pow(2).mean(dim=1), st.state1)
+        st.state1.copy_(s)
+        new = w - lr * grad / (s.sqrt().unsqueeze(1) + st.eps)
+    else:
+        st.hyper[1].add_(1.0)
+        mask = touched.unsqueeze(1)
+        m = torch.where(mask, st.state1 + (grad - st.state1) * (1 - st.beta1), st.state1)
+        v = torch.where(mask, st.state2 + (grad * grad - st.state2) * (1 - st.beta2), st.state2)
+        st.state1.copy_(m)
+        st.state2.copy_(v)
+        step = st.hyper[1]
+        correction1, correction2 = 1 - st.beta1 ** step, 1 - st.beta2 ** step
+        new = w - (lr * correction2.sqrt() / correction1) * m / (v.sqrt() + st.eps)
+    weight.copy_(torch.where(touched.unsqueeze(1), new, w).to(weight.dtype))

@@ -1,0 +1,272 @@
+"""`FusedShardedEmbeddingCollection`: the hybrid-parallel lookup on the fused kernels.
+
+Each rank keeps its model-parallel shards (whole tables, and row-wise pieces with shard-local ids)
+in one `FusedEmbeddingCollection` buffer and the replicated (data-parallel) tables in another.
+Forward: ids all-to-all (`routing.route`) -> one fused lookup of every received id -> embeddings
+all-to-all (in the output dtype, bf16 on the fast path) -> assembled [b, F, D]; replicated tables
+are looked up locally. Backward: the gradients travel back the same way and feed the fused
+sort/segment-sum + optimizer update, scaled by 1/world (so N ranks equal one process fed the
+global batch, like DDP's averaging of the dense gradients); replicated tables' gradients are summed
+densely over ranks (one all-reduce) and stepped identically everywhere. No sparse gradient exists.
+
+With several ranks the backward only starts its exchanges (asynchronous) and the update waits until
+the end of the backward pass (an autograd callback), so the all-to-all overlaps the rest of the
+backward (bottom MLP, DDP's all-reduce); `flush()` also runs before the next lookup.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ctrflow.embedding.comm import exchange_async, group_size
+from ctrflow.embedding.fused import ops
+from ctrflow.embedding.fused.collection import FusedEmbeddingCollection
+from ctrflow.embedding.fused.replicas import apply_replicated, needs_counts, replicated_grad
+from ctrflow.embedding.fused.routing import Layout, Route, pack_index, place_index, route
+from ctrflow.embedding.plan import ShardingPlan
+from ctrflow.embedding.sharded import gather_whole
+from ctrflow.embedding.tables import TableConfig, check_ids
+
+
+class _ShardedLookup(torch.autograd.Function):
+    """ids -> [b, F, D]; backward hands the gradient to the collection, which updates itself."""
+
+    @staticmethod
+    def forward(ctx, ids, anchor, coll):
+        out, saved = coll.lookup(ids)
+        ctx.coll, ctx.saved = coll, saved
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.coll.start_backward(grad, ctx.saved)
+        return None, None, None
+
+
+class FusedShardedEmbeddingCollection(nn.Module):
+    """ids [b, F] of this rank's samples -> [b, F, D], tables placed by a table/row/data `ShardingPlan`,
+    trained in backward by the fused `optimizer` ("sgd", "rowwise_adagrad", "adam"); a collective.
+
+    Whole tables and optimizer state go through `full_weights()` / `table_states()` (collectives)
+    and `load_full_weights()` / `load_table_states()`, so checkpoints are topology-independent.
+    Local weights are drawn like `FusedEmbeddingCollection`'s (per local table; row pieces bounded
+    by their own row count); `from_collection` copies a plain collection's instead.
+    """
+
+    def __init__(self, tables: list[TableConfig], plan: ShardingPlan, group=None, device="cpu",
+                 optimizer: str = "sgd", lr: float = 0.01, output_dtype: torch.dtype = torch.float32,
+                 storage_dtype: torch.dtype = torch.float32, seed: int = 0, check: bool = True,
+                 pre_reduce: bool = True, overlap: bool = True, **optim):
+        super().__init__()
+        self.tables, self.plan, self.group = list(tables), plan, group
+        self.embedding_dim = tables[0].embedding_dim
+        self.world_size = group_size(group)
+        self.rank = dist.get_rank(group) if self.world_size > 1 else 0
+        if plan.world_size != self.world_size:
+            raise ValueError(f"plan is for {plan.world_size} ranks, process group has {self.world_size}")
+        self.layout = Layout(self.tables, plan, self.rank)
+        self.output_dtype, self.check, self.overlap = output_dtype, check, overlap
+        options = dict(optimizer=optimizer, lr=lr, storage_dtype=storage_dtype, output_dtype=output_dtype,
+                       device=device, check_ids=False, pre_reduce=pre_reduce, **optim)
+        lay = self.layout
+        self.local = (FusedEmbeddingCollection(lay.local_tables, seed=seed * 7919 + self.rank + 1, **options)
+                      if lay.local_tables else None)
+        self.replica = (FusedEmbeddingCollection([self.tables[f] for f in lay.rep], seed=seed, **options)
+                        if lay.rep else None)
+        for d, feats in enumerate(lay.tab):
+            self.register_buffer(f"tab_index_{d}", torch.tensor(feats, dtype=torch.int64, device=device),
+                                 persistent=False)
+        self.register_buffer("rep_index", torch.tensor(lay.rep, dtype=torch.int64, device=device), persistent=False)
+        self.register_buffer("zero_offset", torch.zeros(1, dtype=torch.int64, device=device), persistent=False)
+        self.model_parallel = any(lay.tab) or bool(lay.row_feats)
+        self.pending: list[dict] = []  # started backward exchanges whose update has not run
+        self.cache: dict = {}
+
+    @classmethod
+    def from_collection(cls, collection, plan: ShardingPlan, group=None, device="cpu", **options):
+        """Shard a plain (or fused) collection, keeping its current weights."""
+        sharded = cls(collection.tables, plan, group, device, **options)
+        sharded.load_full_weights(collection.full_weights())
+        return sharded
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        self.cache.clear()
+        return self
+
+    @property
+    def weights(self) -> dict[str, torch.Tensor]:
+        """No trainable parameters: the tables update themselves in backward."""
+        return {}
+
+    def set_lr(self, lr: float) -> None:
+        """Learning rate of the next steps (a device write, no sync)."""
+        for coll in (self.local, self.replica):
+            if coll is not None:
+                coll.set_lr(lr)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [b, F] -> [b, F, D] (every rank calls it each step)."""
+        if self.check:
+            check_ids(ids, self.tables)
+        self.flush()  # the last backward's update lands before this lookup
+        anchor = ids.new_empty(0, dtype=torch.float32).requires_grad_(torch.is_grad_enabled())
+        return _ShardedLookup.apply(ids, anchor, self)
+
+    def lookup(self, ids: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+        """The forward exchange and lookups; returns the output and what backward needs.
+
+        The returned embeddings and the replicated lookups land in one source buffer, and one
+        gather (`place_index`) writes [b, F, D] from it: no per-feature copies."""
+        b, dim, lay = ids.shape[0], self.embedding_dim, self.layout
+        if self.model_parallel:
+            offsets = self.local.offsets if self.local is not None else None
+            r = route(ids, lay, offsets, self.group, self.cache, self._tab_indices())
+            n_back = sum(r.send)
+        else:
+            r = Route(b, ids.new_empty(0), [0] * lay.world, [0] * lay.world, {}, [[] for _ in range(lay.world)])
+            n_back = 0
+        src = torch.empty(n_back + b * len(lay.rep), dim, dtype=self.output_dtype, device=ids.device)
+        work = None
+        if self.model_parallel:
+            if self.local is not None and r.rows.numel():
+                emb = ops.lookup(r.rows.view(-1, 1), self.zero_offset, self.local.weight, self.output_dtype)
+                emb = emb.view(-1, dim)
+            else:
+                emb = src.new_empty(0, dim)
+            _, work = exchange_async(emb, r.send, r.recv, self.group, out=src[:n_back])
+        if self.replica is not None and b:  # while the embeddings travel
+            ops.lookup(ids.index_select(1, self.rep_index), self.replica.offsets, self.replica.weight,
+                       self.output_dtype, out=src[n_back:].view(b, len(lay.rep), dim))
+        if work is not None:
+            work.wait()
+        perm = place_index(lay, r, len(self.tables), n_back, ids.device, self.cache)
+        out = ops.lookup(perm, self.zero_offsets(len(self.tables)), src, self.output_dtype)
+        return out, (ids, r)
+
+    def zero_offsets(self, n: int) -> torch.Tensor:
+        """n zeros (the gather's per-feature offsets when it reads a plain row buffer)."""
+        if ("zeros", n) not in self.cache:
+            self.cache["zeros", n] = torch.zeros(n, dtype=torch.int64, device=self.local_device())
+        return self.cache["zeros", n]
+
+    def start_backward(self, grad: torch.Tensor, saved: tuple) -> None:
+        """Send the gradients to the shard owners and sum the replicas' over ranks (both started
+        asynchronously); the update runs at the end of the backward pass, or now for one process."""
+        ids, r = saved
+        lay, dim, b = self.layout, self.embedding_dim, ids.shape[0]
+        rows = grad.to(self.output_dtype).reshape(-1, dim)  # [b * F, D]
+        index = pack_index(lay, r, len(self.tables), ids.device, self.cache)
+        packed = ops.lookup(index.view(-1, 1), self.zero_offset, rows, self.output_dtype).view(-1, dim)
+        n_send = sum(r.send)
+        pending: dict = {"works": []}
+        if self.model_parallel:
+            recv, work = exchange_async(packed[:n_send], r.recv, r.send, self.group)
+            pending.update(rows=r.rows, grad=recv)
+            pending["works"].append(work)
+        if self.replica is not None:
+            rep = self.replica
+            acc = replicated_grad(ids.index_select(1, self.rep_index), rep.offsets,
+                                  packed[n_send:].view(b, len(lay.rep), dim), rep.weight.shape[0], self.cache,
+                                  counts=needs_counts(rep))
+            work = None
+            if self.world_size > 1:  # on the default group's communicator: beside the all-to-all, not behind it
+                whole = self.world_size == dist.get_world_size()
+                work = dist.all_reduce(acc, group=None if whole else self.group, async_op=True)
+            pending["rep_acc"] = acc
+            pending["works"].append(work)
+        self.pending.append(pending)
+        if self.world_size > 1 and self.overlap:
+            torch.autograd.Variable._execution_engine.queue_callback(self.flush)
+        else:
+            self.flush()
+
+    def _tab_indices(self) -> list[torch.Tensor]:
+        return [getattr(self, f"tab_index_{d}") for d in range(self.world_size)]
+
+    def flush(self) -> None:
+        """Apply the pending updates of the last backward (waits for their exchanges); no-op if none."""
+        pending, self.pending = self.pending, []
+        for p in pending:
+            self._apply_update(p)
+
+    def _apply_update(self, p: dict) -> None:
+        for work in p["works"]:
+            if work is not None:
+                work.wait()
+        if "rows" in p and p["rows"].numel():
+            local = self.local
+            ops.update_rows(p["rows"].view(-1, 1), self.zero_offset, p["grad"].view(-1, 1, self.embedding_dim),
+                            local.weight, local.row_state, local.scratch, local.pre_reduce,
+                            grad_scale=1.0 / self.world_size)
+        if "rep_acc" in p:
+            apply_replicated(p["rep_acc"], self.replica, self.world_size)
+
+    def _parts(self) -> dict[str, tuple]:
+        """Table name -> (local collection, first local row, rows of the whole table it holds)."""
+        parts = {}
+        if self.local is not None:
+            for (name, rows), start in zip(self.layout.local_parts, self.local.offsets.tolist()):
+                parts[name] = (self.local, start, rows)
+        if self.replica is not None:
+            for t, start in zip(self.replica.tables, self.replica.offsets.tolist()):
+                parts[t.name] = (self.replica, start, (0, t.num_embeddings))
+        return parts
+
+    def _gather(self, read, per_row: bool = False) -> dict[str, torch.Tensor]:
+        """Whole tables by name of `read(collection, start, n)`, a local [n, D] (or [n] with
+        `per_row`) tensor; collective, on CPU."""
+        self.flush()
+        parts = self._parts()
+        out = {}
+        for t in self.tables:
+            local = None
+            if t.name in parts:
+                coll, start, rows = parts[t.name]
+                local = read(coll, start, rows[1] - rows[0])
+            out[t.name] = gather_whole(t, self.plan.tables[t.name], local, self.group, self.local_device(), per_row)
+        return out
+
+    def _optimizer(self) -> str:
+        return (self.local or self.replica).row_state.optimizer
+
+    def local_device(self) -> torch.device:
+        """The device of this rank's buffers."""
+        return self.zero_offset.device
+
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        """Whole tables by name, on CPU (collective: every rank must call it)."""
+        return self._gather(lambda coll, start, n: coll.weight[start:start + n])
+
+    @torch.no_grad()
+    def load_full_weights(self, tables: dict[str, torch.Tensor]) -> None:
+        """Take whole tables by name (from a checkpoint of any topology, or a plain collection)."""
+        for t in self.tables:
+            if tuple(tables[t.name].shape) != (t.num_embeddings, t.embedding_dim):
+                raise ValueError(f"table {t.name}: got shape {tuple(tables[t.name].shape)}, "
+                                 f"expected {(t.num_embeddings, t.embedding_dim)}")
+        for name, (coll, start, rows) in self._parts().items():
+            coll.weight[start:start + rows[1] - rows[0]].copy_(tables[name][rows[0]:rows[1]])
+
+    def table_states(self, keys: dict[str, str]) -> dict[str, dict[str, torch.Tensor]]:
+        """Optimizer state as whole tables: {table: {key: state[src] rows}} for `keys` {key: src}
+        (src "state1"/"state2" of the fused row state); collective, on CPU."""
+        out: dict[str, dict[str, torch.Tensor]] = {t.name: {} for t in self.tables}
+        for key, src in keys.items():
+            per_row = src == "state1" and self._optimizer() == "rowwise_adagrad"
+            whole = self._gather(lambda coll, start, n: coll.optimizer_state()[src][start:start + n], per_row)
+            for name, value in whole.items():
+                out[name][key] = value
+        return out
+
+    @torch.no_grad()
+    def load_table_states(self, keys: dict[str, str], tables: dict[str, dict[str, torch.Tensor]], steps: float) -> None:
+        """Inverse of `table_states`; `steps` is the optimizer's step count (Adam's bias correction)."""
+        for coll in (self.local, self.replica):
+            if coll is not None:
+                coll.optimizer_state()["hyper"][1].fill_(float(steps))
+        for name, (coll, start, rows) in self._parts().items():
+            for key, src in keys.items():
+                coll.optimizer_state()[src][start:start + rows[1] - rows[0]].copy_(tables[name][key][rows[0]:rows[1]])

@@ -1,0 +1,129 @@
+"""Two gloo ranks on CPU: the fused sharded collection (the fused kernels' torch version here) equals
+the fused one-process collection fed the global batch: outputs, tables and optimizer state after
+several steps, for table-, row- and data-parallel plans and a mixed one, with each fused optimizer.
+`tests/gpu/test_sharded_nccl.py` runs the same worker with NCCL and the Triton kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ctrflow.embedding.collection import EmbeddingCollection
+from ctrflow.embedding.fused import FusedEmbeddingCollection
+from ctrflow.embedding.fused.sharded import FusedShardedEmbeddingCollection
+from ctrflow.embedding.plan import plan_sharding
+from ctrflow.embedding.tables import TableConfig
+
+PLANS = {"table": ("table", "adam"), "row": ("row", "rowwise_adagrad"), "data": ("data", "adam"),
+         "mixed": ({"t_a": "table", "t_b": "row", "t_c": "data", "t_d": "row"}, "sgd")}
+KEYS = {"sgd": {}, "rowwise_adagrad": {"sum": "state1"}, "adam": {"exp_avg": "state1", "exp_avg_sq": "state2"}}
+
+
+def tables(dim: int, scale: int = 1) -> list[TableConfig]:
+    """Four tables of `dim` (one tiny, one with fewer rows than some batches' ids)."""
+    sizes = [7 * scale, 50 * scale, 3, 23 * scale]
+    return [TableConfig(f"t_{c}", n, dim, f"C{i + 1}") for i, (c, n) in enumerate(zip("abcd", sizes))]
+
+
+class Probe(torch.nn.Module):
+    """A fixed nonlinear readout of the embeddings, so every row's gradient differs."""
+
+    def __init__(self, embeddings, features: int, dim: int):
+        super().__init__()
+        self.embeddings = embeddings
+        self.register_buffer("readout", torch.linspace(-1.0, 1.0, features * dim).view(features, dim))
+
+    def forward(self, ids):
+        out = self.embeddings(ids)  # [b, F, D]
+        return torch.tanh((out.float() * self.readout).sum(-1)).pow(2).sum(-1).mean(), out
+
+
+def _run(model, batches, rank, world) -> tuple[list[torch.Tensor], list[float]]:
+    """Train on this rank's slice of each batch: (outputs, global-batch losses: the ranks' mean)."""
+    outs, losses = [], []
+    b = batches[0].shape[0] // world
+    for ids in batches:
+        loss, out = model(ids[rank * b:(rank + 1) * b])
+        loss.backward()
+        outs.append(out.detach().float().cpu())
+        total = loss.detach().clone()
+        if world > 1:
+            dist.all_reduce(total)
+        losses.append(float(total) / world)
+    return outs, losses
+
+
+def _diff(a: dict, b: dict) -> float:
+    return max([float((a[k].float().cpu() - b[k].float().cpu()).abs().max()) for k in b] + [0.0])
+
+
+def compare(spec, optimizer, rank, world, device, dim=4, batch=16, steps=4, scale=1, dtype=torch.float32, lr=0.1):
+    """Max differences (outputs, tables, state) of the sharded collection against one process."""
+    tabs = tables(dim, scale)
+    gen = torch.Generator().manual_seed(0)
+    batches = [torch.stack([torch.randint(0, t.num_embeddings, (batch,), generator=gen) for t in tabs], 1).to(device)
+               for _ in range(steps)]
+    opts = dict(optimizer=optimizer, lr=lr, output_dtype=dtype)
+    ref = Probe(FusedEmbeddingCollection.from_collection(EmbeddingCollection(tabs, seed=3), device=device, **opts),
+                len(tabs), dim).to(device)
+    ref_out, ref_loss = _run(ref, batches, 0, 1)
+    overrides = spec if isinstance(spec, dict) else None
+    plan = plan_sharding(tabs, world, "auto" if overrides else spec, overrides=overrides)
+    sharded = FusedShardedEmbeddingCollection.from_collection(EmbeddingCollection(tabs, seed=3), plan, device=device,
+                                                              **opts)
+    model = Probe(sharded, len(tabs), dim).to(device)
+    out, loss = _run(model, batches, rank, world)
+    b = batch // world
+    keys = KEYS[optimizer]
+    got_state, ref_state = sharded.table_states(keys), ref.embeddings.table_states(keys)
+    return {"out": max(float((o - r[rank * b:(rank + 1) * b]).abs().max()) for o, r in zip(out, ref_out)),
+            "loss": max(abs(a - e) / abs(e) for a, e in zip(loss, ref_loss)),
+            "weights": _diff(sharded.full_weights(), ref.embeddings.full_weights()),
+            "state": max([_diff(got_state[t], ref_state[t]) for t in ref_state] + [0.0]),
+            "plan": [tp.sharding for tp in plan.tables.values()]}
+
+
+def worker(rank, world, store_path, results, device_type="cpu", dim=4, scale=1, steps=4, lr=0.1):
+    """One rank: every plan compared with the one-process collection; results on rank 0."""
+    device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"file://{store_path}",
+                            rank=rank, world_size=world)
+    try:
+        for name, (spec, optimizer) in PLANS.items():
+            result = compare(spec, optimizer, rank, world, device, dim=dim, scale=scale, steps=steps,
+                             batch=16 * scale, lr=lr)
+            if rank == 0:
+                results[name] = result
+    finally:
+        dist.destroy_process_group()
+
+
+def check(results: dict, tolerance: float) -> None:
+    """Every comparison within `tolerance`; the mixed plan as asked."""
+    assert set(results) == set(PLANS)
+    for name, r in results.items():
+        for key in ("out", "loss", "weights", "state"):
+            assert r[key] < tolerance, (name, key, r)
+    assert results["mixed"]["plan"] == ["table", "row", "data", "row"]
+
+
+def test_two_ranks_match_the_fused_collection_on_the_global_batch(tmp_path):
+    results = mp.Manager().dict()
+    mp.spawn(worker, args=(2, str(tmp_path / "store"), results), nprocs=2, join=True)
+    check(dict(results), 1e-6)
+
+
+def test_replicated_gradient_counts_every_touch_of_a_large_table():
+    from ctrflow.embedding.fused.replicas import replicated_grad
+
+    rows, dim = 80_003, 2  # large enough that float bin arithmetic (histc) misplaces ids
+    ids = torch.randint(0, rows, (4096, 1), generator=torch.Generator().manual_seed(1))
+    grad = torch.ones(4096, 1, dim)
+    acc = replicated_grad(ids, torch.zeros(1, dtype=torch.int64), grad, rows, {})
+    expected = torch.bincount(ids.reshape(-1), minlength=rows).float()
+    assert torch.equal(acc[rows * dim:], expected)
+    assert torch.equal(acc[:rows * dim].view(rows, dim)[:, 0], expected)
