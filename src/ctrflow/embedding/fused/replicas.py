@@ -1,6 +1,6 @@
 """Replicated (data-parallel) tables on the fused sharded path: gradients summed densely over ranks.
 
-Replicated tables are the small ones (the planner replicates tables up to 1 MiB), so each rank
+Replicated tables are the small ones (the fused planner replicates tables up to 32 MiB), so each rank
 sums its batch's gradient into a dense fp32 buffer ([rows, D] sums, then a count of touches per
 row), one all-reduce adds every rank's, and every rank applies the same update to the rows any
 rank touched: the replicas stay identical, and the result equals one process on the global batch.
