@@ -4,8 +4,8 @@ A row is one line of tab-separated fields: label, I1..I13 (integers, may be nega
 C1..C26 (usually 8 hex digits, or empty). Kaggle's test layout has no label (39 fields).
 Files may be gzip. Blocks are cut on newline boundaries so every row keeps an exact line number:
 plain files are cut by byte range (each worker reads its own range), gzip files are decompressed
-in order by one reader. Parsing is pyarrow's CSV reader; only a block that fails the fast, typed
-parse is re-checked line by line to name each bad row.
+in order by one reader. Parsing a block (`parsing`, re-exported here) is pyarrow's CSV reader; only
+a block that fails the fast, typed parse is re-checked line by line to name each bad row.
 """
 
 from __future__ import annotations
@@ -14,19 +14,14 @@ import glob
 import mmap
 import os
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.csv as pcsv
-
-from ctrflow.data.schema import DENSE, LABEL, RAW_COLUMNS, SPARSE
+from ctrflow.data.parsing import (TEST_COLUMNS, ParsedBlock, count_lines, line_starts,  # noqa: F401 (re-exported)
+                                  parse_block, parse_integers)
 from ctrflow.errors import UserError
 
-TEST_COLUMNS = (*DENSE, *SPARSE)  # Kaggle test layout: no label
 GZIP_MAGIC = b"\x1f\x8b"
 _READ_BYTES = 1 << 20
 
@@ -124,153 +119,6 @@ def _gzip_blocks(path: Path, file_index: int, block_bytes: int) -> Iterator[Bloc
         yield Block(file_index, index, offset, data=bytes(buf[:cut]))
         offset, index = offset + cut, index + 1
     yield Block(file_index, index, offset, data=bytes(buf[cut:]), truncated=True)
-
-
-def count_lines(data: bytes | memoryview) -> int:
-    """Lines in a block: newlines, plus an unterminated last line."""
-    if not len(data):
-        return 0
-    raw = np.frombuffer(data, dtype=np.uint8)
-    return int(np.count_nonzero(raw == 10)) + (0 if raw[-1] == 10 else 1)
-
-
-def line_starts(data: bytes | memoryview) -> np.ndarray:
-    """Byte offset of each line's first byte within the block, int64 [lines]."""
-    newlines = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
-    starts = np.concatenate(([0], newlines + 1)).astype(np.int64)
-    return starts[: count_lines(data)]
-
-
-@dataclass
-class ParsedBlock:
-    """The valid rows of one block, column by column, and the problems of the others."""
-
-    lines: int  # lines in the block: rows read
-    rows: np.ndarray  # int64 [n]: block-relative line index of each valid row
-    label: np.ndarray | None  # int8 [n] (0/1); None for the test layout
-    dense: list[pa.ChunkedArray]  # 13 int64 columns, null = missing
-    sparse: list[pa.ChunkedArray]  # 26 string columns, "" = missing
-    problems: list[tuple[int, str, bytes]] = field(default_factory=list)  # (line index, reason, raw line)
-
-
-def _options(names: Sequence[str], typed: bool):
-    types = {c: (pa.int64() if typed else pa.string()) for c in names if c not in SPARSE}
-    types.update({c: pa.string() for c in names if c in SPARSE})
-    return dict(
-        read_options=pcsv.ReadOptions(column_names=list(names), use_threads=False, block_size=2 << 20),
-        parse_options=pcsv.ParseOptions(delimiter="\t", quote_char=False, ignore_empty_lines=False),
-        convert_options=pcsv.ConvertOptions(column_types=types, null_values=[""], strings_can_be_null=False,
-                                            quoted_strings_can_be_null=False),
-    )
-
-
-def _read(data: bytes | memoryview, names: Sequence[str], typed: bool) -> pa.Table:
-    return pcsv.read_csv(pa.BufferReader(data), **_options(names, typed))
-
-
-def parse_block(data: bytes | memoryview, with_label: bool = True) -> ParsedBlock:
-    """Parse a block of raw lines; bad rows are listed in `problems`, never silently dropped."""
-    names = RAW_COLUMNS if with_label else TEST_COLUMNS
-    lines = count_lines(data)
-    if lines == 0:
-        return _to_parsed(None, names, 0, np.zeros(0, np.int64), [])
-    try:
-        table = _read(data, names, typed=True)
-        if len(table) == lines and (not with_label or _labels_ok(table.column(LABEL))):
-            return _to_parsed(table, names, lines, np.arange(lines, dtype=np.int64), [])
-    except (pa.ArrowInvalid, UnicodeDecodeError):
-        pass
-    return _parse_slowly(data, names, lines)
-
-
-def _labels_ok(labels: pa.ChunkedArray) -> bool:
-    return labels.null_count == 0 and bool(pc.all(pc.is_in(labels, value_set=pa.array([0, 1]))).as_py())
-
-
-def _to_parsed(table, names, lines, rows, problems) -> ParsedBlock:
-    if table is None:
-        return ParsedBlock(lines, rows, np.zeros(0, np.int8) if LABEL in names else None,
-                           [pa.array([], pa.int64())] * len(DENSE), [pa.array([], pa.string())] * len(SPARSE), problems)
-    label = None
-    if LABEL in names:
-        label = table.column(LABEL).to_numpy().astype(np.int8)
-    dense = [table.column(c) for c in DENSE]  # chunked: concatenating costs more than it saves
-    sparse = [table.column(c) for c in SPARSE]
-    return ParsedBlock(lines, rows, label, dense, sparse, problems)
-
-
-def _parse_slowly(data: bytes, names: Sequence[str], lines: int) -> ParsedBlock:
-    """Name every bad line: field count and UTF-8 per line, then label and dense values per column."""
-    raw_lines = bytes(data).split(b"\n")[:lines]
-    problems: list[tuple[int, str, bytes]] = []
-    good: list[int] = []
-    for i, line in enumerate(raw_lines):
-        n = line.count(b"\t") + 1
-        if n != len(names):
-            problems.append((i, f"expected {len(names)} tab-separated fields, found {n}", line))
-            continue
-        try:
-            line.decode("utf-8")
-        except UnicodeDecodeError:
-            problems.append((i, "not valid UTF-8", line))
-            continue
-        good.append(i)
-    rows = np.asarray(good, dtype=np.int64)
-    if not good:
-        return _to_parsed(None, names, lines, rows, problems)
-    table = _read(b"\n".join(raw_lines[i] for i in good) + b"\n", names, typed=False)
-    keep = np.ones(len(good), dtype=bool)
-    columns: dict[str, pa.Array] = {}
-    for name in names:
-        if name in SPARSE:
-            continue
-        values, bad = parse_integers(table.column(name).combine_chunks())
-        if name == LABEL:
-            bad = sorted(set(bad) | set(np.flatnonzero(~_is_binary(values)).tolist()))
-        for pos in bad:
-            if keep[pos]:
-                keep[pos] = False
-                text = table.column(name)[pos].as_py()
-                what = "label must be 0 or 1" if name == LABEL else "dense value is not an integer"
-                problems.append((good[pos], f"{name}: {what}, got {text!r}", raw_lines[good[pos]]))
-        columns[name] = values
-    problems.sort(key=lambda p: p[0])
-    mask = pa.array(keep)
-    typed = pa.table({n: (columns[n] if n in columns else table.column(n)) for n in names}).filter(mask)
-    return _to_parsed(typed, names, lines, rows[keep], problems)
-
-
-def _is_binary(values: pa.Array) -> np.ndarray:
-    filled = pc.fill_null(values, -1).to_numpy(zero_copy_only=False)
-    return (filled == 0) | (filled == 1)
-
-
-def parse_integers(strings: pa.Array) -> tuple[pa.Array, list[int]]:
-    """Strings → int64 with Arrow's integer grammar (as the CSV reader); "" → null; bad positions listed."""
-    trimmed = pc.utf8_trim_whitespace(strings)
-    empty = pc.equal(trimmed, "")
-    cleaned = pc.if_else(empty, pa.scalar(None, pa.string()), trimmed)
-    try:
-        return pc.cast(cleaned, pa.int64()), []
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        pass
-    bad = _bad_positions(cleaned, 0)
-    ok = np.ones(len(cleaned), dtype=bool)
-    ok[bad] = False
-    values = pc.cast(pc.if_else(pa.array(ok), cleaned, pa.scalar(None, pa.string())), pa.int64())
-    return values, bad
-
-
-def _bad_positions(strings: pa.Array, offset: int) -> list[int]:
-    """Bisect to the elements that do not cast: O(bad × log n) casts."""
-    try:
-        pc.cast(strings, pa.int64())
-        return []
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        if len(strings) == 1:
-            return [offset]
-    mid = len(strings) // 2
-    return _bad_positions(strings.slice(0, mid), offset) + _bad_positions(strings.slice(mid), offset + mid)
 
 
 def read_raw(path: str | os.PathLike, with_label: bool = True, block_bytes: int = 64 << 20) -> Iterator[ParsedBlock]:

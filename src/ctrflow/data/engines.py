@@ -52,13 +52,15 @@ class CpuEngine:
         codes, uniques = pd.factorize(keys)
         return codes.astype(np.int32), np.asarray(uniques, dtype=np.uint64)
 
-    def transform_dense(self, raw: np.ndarray) -> np.ndarray:
-        """int64 (any shape) → float32, same shape: log1p(max(x, 0)); small values from a table."""
-        clipped = np.clip(raw, 0, LOG1P_TABLE_SIZE - 1)
-        out = _LOG1P_TABLE[clipped]
+    def transform_dense(self, raw: np.ndarray, overwrite: bool = False) -> np.ndarray:
+        """int64 (any shape) → float32, same shape: log1p(max(x, 0)); small values from a table.
+        `overwrite`: `raw` may be clipped in place (no second int64 array)."""
         large = raw >= LOG1P_TABLE_SIZE
-        if large.any():
-            out[large] = np.log1p(raw[large].astype(np.float64)).astype(np.float32)
+        big = raw[large] if large.any() else None
+        clipped = np.clip(raw, 0, LOG1P_TABLE_SIZE - 1, out=raw if overwrite else None)
+        out = _LOG1P_TABLE.take(clipped)
+        if big is not None:
+            out[large] = np.log1p(big.astype(np.float64)).astype(np.float32)
         return out
 
     def lookup(self, table: "KeyTable", keys: np.ndarray) -> np.ndarray:

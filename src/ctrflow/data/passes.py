@@ -1,11 +1,11 @@
-"""The two passes of preprocessing, as worker stages (see `parallel.StagePool`).
+"""The two passes of preprocessing, as worker stages (see `parallel.WorkerPool`).
 
 Fit: parse a block once, transform its dense and label columns, factorize each categorical column
 (int32 codes per row, the block's distinct 8-byte keys), count the training rows' values from the
-codes, and cache the block (Arrow IPC + the distinct keys), so the transform pass never parses text
-again. Transform: look up each block's distinct keys once in the vocabulary, gather the ids by code,
-write Parquet. These are the CPU engine's passes; categorify and the dense transform use its numpy
-kernels (`engines.CpuEngine`).
+codes, and cache the block (`blockcache`: in the worker's memory up to a budget, else Arrow IPC
+files), so the transform pass never parses text again. Transform: look up each block's distinct keys
+once in the vocabulary, gather the ids by code, write Parquet. These are the CPU engine's passes;
+categorify and the dense transform use its numpy kernels (`engines.CpuEngine`).
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ctrflow.data.blockcache import CACHE
 from ctrflow.data.counting import SPILL_ENTRIES, Counter
 from ctrflow.data.criteo import Block, count_lines, line_starts, parse_block, plan_blocks, read_block
 from ctrflow.data.engines import CpuEngine, dense_inputs
+from ctrflow.data.parallel import worker_index
 from ctrflow.data.schema import DENSE, LABEL, SPARSE
 from ctrflow.data.vocab import Vocabularies, encode_keys
 
@@ -63,11 +65,15 @@ class FitStage:
     run_dir: str = ""
     spill_entries: int = SPILL_ENTRIES
     count: bool = True  # False: parse and cache only (the per-file transform step)
+    # This worker's share of the in-memory block cache; > 0 only where the transform pass runs on the same
+    # workers (`preprocess`). 0: every block on disk.
+    memory_bytes: int = 0
     counter: Counter | None = None
 
     def start(self) -> None:
-        """Fresh counts (in the worker)."""
+        """Fresh counts and an empty block cache (in the worker)."""
         self.counter = Counter(self.run_dir, self.spill_entries)
+        CACHE.clear()
 
     def finish(self) -> dict:
         """This worker's run files (and other-string counts); nothing when not counting."""
@@ -88,12 +94,12 @@ class FitStage:
         """One block's accounting (and problems, with block-relative lines); caches its rows."""
         begin, data = read_block(Path(self.paths[block.file_index]), block)
         result = {"file": block.file_index, "lines": 0, "rows": {"train": 0, "valid": 0},
-                  "problems": [], "truncated": block.truncated, "tail": b"", "cache": None,
+                  "problems": [], "truncated": block.truncated, "tail": b"", "cache": None, "worker": None,
                   "missing": np.zeros(len(DENSE) + len(SPARSE), dtype=np.int64)}
         if block.truncated:
             result["tail"], result["lines"] = data, count_lines(data)
             return result
-        parsed = parse_block(data)
+        parsed = parse_block(data, binary=True)
         result["problems"], result["lines"] = parsed.problems, parsed.lines
         n = len(parsed.rows)
         if (parsed.problems and self.stop_at_bad_row) or n == 0:
@@ -108,11 +114,8 @@ class FitStage:
             result["rows"][split] = n
         table, uniques = self._encode_and_count(parsed, split, valid, result["missing"])
         result["cache"] = f"{block.file_index:05d}-{block.index:07d}.arrow"
-        if self.cache_dir:
-            path = os.path.join(self.cache_dir, result["cache"])
-            with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-                writer.write_table(table)
-            np.save(path + ".keys.npy", uniques)
+        if self.cache_dir and CACHE.put(self.cache_dir, result["cache"], table, uniques, self.memory_bytes):
+            result["worker"] = worker_index()  # the transform of this block must run there
         if self.count:
             self.counter.spill_if_large()
         return result
@@ -122,14 +125,14 @@ class FitStage:
         """The block to cache (label, transformed dense, categorical keys factorized: int32 codes per row
         and each column's distinct keys, back to back); counts the training rows."""
         columns = {LABEL: pa.array(parsed.label.astype(np.float32))}
-        dense = _KERNELS.transform_dense(dense_inputs(parsed.dense))
+        dense = _KERNELS.transform_dense(dense_inputs(parsed.dense), overwrite=True)
         for j, name in enumerate(DENSE):
             columns[name] = pa.array(dense[j])  # [13, n]: each row contiguous, no copy
             missing[j] = parsed.dense[j].null_count
         train = None if valid is None else pa.array(~valid)
         distinct, offsets = [], [0]
         for j, name in enumerate(SPARSE):
-            keys, other = encode_keys(parsed.sparse[j])
+            keys, other = (parsed.keys[j], None) if parsed.keys else encode_keys(parsed.sparse[j])
             codes, uniques = _KERNELS.factorize(keys)
             columns[name] = pa.array(codes)
             distinct.append(uniques)
@@ -158,23 +161,25 @@ class TransformStage:
     data_dir: str  # holds the cache, and receives train/ and valid/
     compression: str = "none"
     vocab_dir: str = ""  # holds vocab/ (default: data_dir)
+    tables: dict[str, pa.Table] | None = None  # the vocabulary tables themselves (then vocab/ is not read)
     vocab: Vocabularies | None = None
 
     def start(self) -> None:
         """Load the vocabularies once per worker (the same loader serving uses)."""
-        self.vocab = Vocabularies.load(self.vocab_dir or self.data_dir)
+        if self.tables is not None:
+            self.vocab = Vocabularies.from_tables(self.tables)
+        else:
+            self.vocab = Vocabularies.load(self.vocab_dir or self.data_dir)
 
     def finish(self) -> None:
         """Nothing to hand back."""
         return None
 
-    def handle(self, task: tuple[str, dict[str, int]]) -> dict[str, int]:
-        """Write the block's parts; returns rows written per split."""
-        cache_name, parts = task
-        path = os.path.join(self.data_dir, "cache", cache_name)
-        with pa.memory_map(path) as source:
-            cached = pa.ipc.open_file(source).read_all()
-        uniques = np.load(path + ".keys.npy")
+    def handle(self, task: tuple[str, dict[str, int], int | None]) -> dict[str, int]:
+        """Write the block's parts (task: cache name, part number per split, worker holding it or None);
+        returns rows written per split."""
+        cache_name, parts, _ = task
+        cached, uniques = CACHE.take(os.path.join(self.data_dir, "cache"), cache_name)
         offsets = json.loads(cached.schema.metadata[b"key_offsets"])
         names = set(cached.column_names)
         columns = {name: cached.column(name) for name in (LABEL, *DENSE)}
@@ -193,7 +198,4 @@ class TransformStage:
             out = os.path.join(self.data_dir, split, f"part-{part:05d}.parquet")
             pq.write_table(rows, out, compression=self.compression, use_dictionary=False)
             written[split] = len(rows)
-        del cached, columns, table
-        os.remove(path)
-        os.remove(path + ".keys.npy")
         return written

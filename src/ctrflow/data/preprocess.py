@@ -16,16 +16,18 @@ import shutil
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Iterator, Sequence
 
 from ctrflow.data.accounting import account_block, collect_stats, file_stats, summarize, track
-from ctrflow.data.counting import RANGE_ENTRIES, SPILL_ENTRIES, merge_vocabulary, remove_runs
+from ctrflow.data.blockcache import CACHE, MEMORY_BYTES
+from ctrflow.data.counting import RANGE_ENTRIES, SPILL_ENTRIES, MergeStage, merge_vocabulary, remove_runs
 from ctrflow.data.criteo import Block, expand_inputs, is_gzip, plan_blocks
 from ctrflow.data.engines import check_engine
 from ctrflow.data.interop import write_hugectr_metadata, write_merlin_schema
 from ctrflow.data.output import FileHasher, check_out_dir, publish
-from ctrflow.data.parallel import StagePool
+from ctrflow.data.parallel import WorkerPool, reap
 from ctrflow.data.passes import FitStage, TransformStage, WholeFile
 from ctrflow.data.schema import SPARSE, Schema
 from ctrflow.data.vocab import write_vocab
@@ -79,7 +81,9 @@ def preprocess(train: Sequence[str], valid: Sequence[str] = (), out: str | os.Pa
             raise UserError(f"{tmp}: no space left on device while writing the output") from None
         raise
     finally:
+        CACHE.clear()  # blocks a failed run left in this process (one worker)
         shutil.rmtree(tmp, ignore_errors=True)
+        reap()  # the workers exited while the output was published
     summary = summarize(out, schema, stats, workers)
     if tracker is not None:
         track(tracker, summary, stats, out, dict(train=list(map(str, train)), valid=list(map(str, valid)),
@@ -192,34 +196,40 @@ def _run(files, tmp: Path, threshold: int, fraction: float, workers: int, on_bad
         except UnsupportedInput:  # e.g. C values not 8 hex digits: the CPU engine's path, same output
             pass
     fit = FitStage([str(p) for p, _ in files], [s for _, s in files], str(tmp / "cache"), fraction, seed,
-                   stop_at_bad_row=on_bad_rows == "error", run_dir=str(tmp / "runs"), spill_entries=spill_entries)
-    t0 = time.perf_counter()
-    per_file, warnings = [file_stats(p, s) for p, s in files], []
-    records, finals = fit_pass(fit, list(enumerate(files)), tmp, workers, chunk_rows, progress, per_file, warnings)
-    t1 = time.perf_counter()
-    tables, distinct = build_vocabulary(finals, threshold, workers, range_entries)
-    write_vocab(tmp, tables)
-    t2 = time.perf_counter()
-    rows = transform_pass(records, tmp, compression, workers, progress)
-    t3 = time.perf_counter()
+                   stop_at_bad_row=on_bad_rows == "error", run_dir=str(tmp / "runs"), spill_entries=spill_entries,
+                   memory_bytes=MEMORY_BYTES // workers)
+    with WorkerPool(workers) as pool:  # both passes on the same workers: blocks stay in their memory
+        t0 = time.perf_counter()
+        per_file, warnings = [file_stats(p, s) for p, s in files], []
+        records, finals = fit_pass(fit, list(enumerate(files)), tmp, workers, chunk_rows, progress, per_file,
+                                   warnings, pool)
+        t1 = time.perf_counter()
+        tables, distinct = build_vocabulary(finals, threshold, workers, range_entries, pool=pool)
+        t2 = time.perf_counter()
+        with ThreadPoolExecutor(1) as side:  # the vocabulary files are written while the parts are
+            written = side.submit(write_vocab, tmp, tables)
+            rows = transform_pass(records, tmp, compression, workers, progress, pool=pool, tables=tables)
+            written.result()
+        t3 = time.perf_counter()
     passes = {"fit_seconds": round(t1 - t0, 3), "vocab_seconds": round(t2 - t1, 3),
               "transform_seconds": round(t3 - t2, 3)}
     return collect_stats(records, per_file, distinct, tables, rows, warnings, passes, workers, chunk_rows)
 
 
 def fit_pass(fit: FitStage, files: list[tuple[int, tuple[Path, str]]], tmp: Path, workers: int, chunk_rows: int,
-             progress: bool, per_file, warnings):
+             progress: bool, per_file, warnings, pool: WorkerPool | None = None):
     """Pass 1 over every block of `files` ((file index, (path, split)) pairs), in order: (per-block records,
-    each worker's counts). `per_file` (indexed by file index) gets each file's row accounting."""
+    each worker's counts). `per_file` (indexed by file index) gets each file's row accounting. `pool`:
+    workers to run it on (and to keep for the transform pass), else a pool of `workers` for this pass."""
     records, by_index = [], dict(files)
     rejected = None if fit.stop_at_bad_row else open(tmp / "rejected.tsv", "w", encoding="utf-8")
     try:
         if rejected:
             rejected.write("file\tline\treason\traw\n")
-        with StagePool(fit, workers) as pool, _bar(progress, "fit") as bar:
-            for result in (r for results in pool.map(_tasks(files, chunk_rows, workers)) for r in results):
+        with _own_pool(pool, workers) as pool, _bar(progress, "fit") as bar:
+            for result in (r for results in pool.run(fit, _tasks(files, chunk_rows, workers)) for r in results):
                 account_block(result, by_index, per_file, rejected, warnings)
-                records.append({k: result[k] for k in ("cache", "rows", "missing")})  # no raw lines kept
+                records.append({k: result[k] for k in ("cache", "rows", "missing", "worker")})  # no raw lines
                 bar.update(result["lines"])
             finals = pool.finish()
     finally:
@@ -228,16 +238,19 @@ def fit_pass(fit: FitStage, files: list[tuple[int, tuple[Path, str]]], tmp: Path
     return records, finals
 
 
-def build_vocabulary(finals: list[dict], threshold: int, workers: int, range_entries: int, remove: bool = True):
-    """Merge every worker's runs, column by column: ({column: vocabulary table}, {column: distinct});
-    the run files are deleted afterwards unless `remove` is False."""
+def build_vocabulary(finals: list[dict], threshold: int, workers: int, range_entries: int, remove: bool = True,
+                     pool: WorkerPool | None = None):
+    """Merge every worker's runs, column by column, on `pool`'s workers (else on threads here):
+    ({column: vocabulary table}, {column: distinct}); the run files are deleted afterwards unless
+    `remove` is False."""
     runs = [run for final in finals for run in final["runs"]]
-
-    def merge(j: int):
-        return merge_vocabulary(runs, [f["other"][SPARSE[j]] for f in finals], j, threshold, range_entries)
-
-    with ThreadPoolExecutor(workers) as threads:  # pyarrow's hash group-by and sort release the GIL
-        merged = list(threads.map(merge, range(len(SPARSE))))
+    tasks = [(j, [f["other"][name] for f in finals]) for j, name in enumerate(SPARSE)]
+    if pool is not None:
+        merged = list(pool.run(MergeStage(runs, threshold, range_entries), tasks))
+    else:
+        with ThreadPoolExecutor(workers) as threads:  # numpy's and pyarrow's sorts release the GIL
+            merged = list(threads.map(lambda task: merge_vocabulary(runs, task[1], task[0], threshold,
+                                                                    range_entries), tasks))
     if remove:
         remove_runs(runs)
     return ({name: table for name, (table, _) in zip(SPARSE, merged)},
@@ -245,18 +258,27 @@ def build_vocabulary(finals: list[dict], threshold: int, workers: int, range_ent
 
 
 def transform_pass(records: list[dict], tmp: Path, compression: str, workers: int, progress: bool,
-                   first_parts: dict[str, int] | None = None, vocab_dir: str = "") -> dict[str, int]:
+                   first_parts: dict[str, int] | None = None, vocab_dir: str = "",
+                   pool: WorkerPool | None = None, tables: dict | None = None) -> dict[str, int]:
     """Pass 2: cached blocks → Parquet parts, numbered in input order per split from `first_parts`
-    (default 0); the vocabulary is read from `vocab_dir` (default `tmp`); rows per split."""
-    tasks = list(_transform_tasks(records, first_parts or {"train": 0, "valid": 0}))
+    (default 0); the vocabulary is `tables`, else read from `vocab_dir` (default `tmp`); rows per split.
+    `pool`: the fit pass's workers (a block held in a worker's memory is transformed there), else a pool
+    for this pass."""
+    held = {r["cache"]: r.get("worker") for r in records}
+    numbered = _transform_tasks(records, first_parts or {"train": 0, "valid": 0})
+    tasks = [(cache, parts, held[cache]) for cache, parts in numbered]
     rows = {split: sum(r["rows"][split] for r in records) for split in ("train", "valid")}
-    stage = TransformStage(str(tmp), compression, vocab_dir)
-    with StagePool(stage, min(workers, max(1, len(tasks)))) as pool, \
+    stage = TransformStage(str(tmp), compression, vocab_dir, tables)
+    with _own_pool(pool, min(workers, max(1, len(tasks)))) as pool, \
             _bar(progress, "transform", rows["train"] + rows["valid"]) as bar:
-        for written in pool.map(tasks):
+        for written in pool.run(stage, tasks, route=lambda task: task[2]):
             bar.update(sum(written.values()))
-        pool.finish()
     return rows
+
+
+def _own_pool(pool: WorkerPool | None, workers: int):
+    """`pool` as is (its owner closes it), or a new pool of `workers` closed after the pass."""
+    return nullcontext(pool) if pool is not None else WorkerPool(workers)
 
 
 def _transform_tasks(records: list[dict], first_parts: dict[str, int]) -> Iterator[tuple[str, dict[str, int]]]:

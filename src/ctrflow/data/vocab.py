@@ -26,16 +26,27 @@ from ctrflow.data.engines import CpuEngine, KeyTable
 from ctrflow.data.schema import FIRST_ID, MISSING_ID, OOV_ID, SPARSE
 from ctrflow.errors import UserError
 
+_FIXED = pa.binary(8)
+
 
 def encode_keys(strings: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, pa.Array | None]:
-    """Raw strings → (uint64 keys [n], 0 where missing or "other"; other values, null elsewhere, or None)."""
+    """Raw strings (string, UTF-8 binary, or 8-byte fixed-size binary with null = missing) → (uint64
+    keys [n], 0 where missing or "other"; other values (string), null elsewhere, or None)."""
     chunks = strings.chunks if isinstance(strings, pa.ChunkedArray) else [strings]
     chunks = [_as_plain_strings(chunk) for chunk in chunks if len(chunk)]
     keys = np.empty(sum(len(chunk) for chunk in chunks), dtype=np.uint64)
     other_mask = np.zeros(len(keys), dtype=bool)
     at = 0
-    for chunk in chunks:  # each chunk's keys straight from its buffers: no copy of the value bytes
+    for i, chunk in enumerate(chunks):  # each chunk's keys straight from its buffers: no copy of the value bytes
         n = len(chunk)
+        if chunk.type == _FIXED:
+            words = np.frombuffer(chunk.buffers()[1], dtype="<u8", count=n, offset=chunk.offset * 8)
+            valid = chunk.is_valid().to_numpy(zero_copy_only=False) if chunk.null_count else True
+            np.multiply(words, valid, out=keys[at:at + n])
+            if n - np.count_nonzero(keys[at:at + n]) == chunk.null_count:  # no value of 8 NUL bytes
+                at += n
+                continue
+            chunks[i] = chunk = pc.fill_null(chunk.cast(pa.binary()), b"")  # one is: an "other" value
         _, offsets_buf, data_buf = chunk.buffers()
         offsets = np.frombuffer(offsets_buf, dtype=np.int32, count=n + 1, offset=chunk.offset * 4)
         lengths = np.diff(offsets)
@@ -53,21 +64,25 @@ def encode_keys(strings: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, pa.Arr
         at += n
     if not other_mask.any():
         return keys, None
+    chunks = [c.cast(pa.binary()) if c.type == _FIXED else c for c in chunks]
     joined = pa.concat_arrays(chunks) if len(chunks) != 1 else chunks[0]
-    return keys, pc.if_else(pa.array(other_mask), joined, pa.scalar(None, pa.string()))
+    other = pc.if_else(pa.array(other_mask), joined, pa.scalar(None, joined.type))
+    return keys, other if other.type == pa.string() else other.cast(pa.string())
 
 
 def _as_plain_strings(chunk: pa.Array) -> pa.Array:
-    if chunk.type != pa.string():
+    """string, binary (the same layout: parsed blocks' C columns are binary, already UTF-8 checked) or
+    8-byte fixed-size binary."""
+    if chunk.type not in (pa.string(), pa.binary(), _FIXED):
         chunk = chunk.cast(pa.string())
-    return pc.fill_null(chunk, "") if chunk.null_count else chunk
+    return pc.fill_null(chunk, "") if chunk.null_count and chunk.type != _FIXED else chunk
 
 
 def keys_to_strings(keys: np.ndarray) -> pa.Array:
     """uint64 keys → the 8-byte strings they were read from."""
-    raw = pa.py_buffer(np.ascontiguousarray(keys, dtype="<u8").tobytes())
-    fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(8), len(keys), [None, raw])
-    return fixed.cast(pa.binary()).cast(pa.string())
+    raw = pa.py_buffer(np.ascontiguousarray(keys, dtype="<u8"))
+    offsets = pa.py_buffer(np.arange(0, 8 * len(keys) + 1, 8, dtype=np.int32))
+    return pa.StringArray.from_buffers(len(keys), offsets, raw)  # keys come from UTF-8 checked input
 
 
 _CPU = CpuEngine()
@@ -105,7 +120,7 @@ class ColumnVocab:
         """`lookup` of keys given factorized (keys = uniques[codes]): one lookup per distinct key."""
         distinct = _CPU.lookup(self.key_table, uniques)
         distinct[uniques == 0] = MISSING_ID
-        return self._lookup_other(distinct[codes], other)
+        return self._lookup_other(distinct.take(codes), other)
 
     def _lookup_other(self, ids: np.ndarray, other: pa.Array | None) -> np.ndarray:
         """Overwrite the ids of the "other" strings (their key is 0, looked up as missing)."""
@@ -134,14 +149,19 @@ class Vocabularies:
     def load(cls, data_dir: str | os.PathLike) -> "Vocabularies":
         """Read `data_dir/vocab/C{i}.parquet` (a preprocess output directory)."""
         vocab_dir = Path(data_dir) / "vocab"
-        columns = {}
+        tables = {}
         for name in SPARSE:
             path = vocab_dir / f"{name}.parquet"
             if not path.exists():
                 raise UserError(f"{path}: missing vocabulary (is {data_dir} a `ctrflow preprocess` output?)")
-            table = pq.read_table(path)
-            columns[name] = ColumnVocab(name, table.column("value"), table.column("count").to_numpy())
-        return cls(columns)
+            tables[name] = pq.read_table(path)
+        return cls.from_tables(tables)
+
+    @classmethod
+    def from_tables(cls, tables: Mapping[str, pa.Table]) -> "Vocabularies":
+        """From each column's vocabulary table (columns value, count; as `write_vocab` writes them)."""
+        return cls({name: ColumnVocab(name, tables[name].column("value"), tables[name].column("count").to_numpy())
+                    for name in SPARSE})
 
     def encode(self, column: str, values: Sequence[str] | pa.Array) -> np.ndarray:
         """Raw strings of one categorical column → ids, int32 [n]."""
