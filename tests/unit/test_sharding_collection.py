@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ctrflow.embedding.collection import EmbeddingCollection
+from ctrflow.embedding.collection import INIT_BLOCK_ROWS, EmbeddingCollection, deferred_tables, init_rows, init_table
+from ctrflow.embedding.fused import FusedEmbeddingCollection
 from ctrflow.embedding.optimizers import SparseOptimizer
 from ctrflow.embedding.plan import plan_sharding
 from ctrflow.embedding.sharded import ShardedEmbeddingCollection
@@ -37,3 +38,26 @@ def test_sharded_collection_refuses_out_of_range_ids_naming_the_feature():
     sharded = ShardedEmbeddingCollection.from_collection(EmbeddingCollection(TABLES), plan_sharding(TABLES, 1))
     with pytest.raises(UserError, match="feature C2: id 4"):
         sharded(torch.tensor([[0, 4]]))
+
+
+def test_any_row_range_of_a_table_draws_the_same_initial_rows():
+    table = TableConfig("t_big", 3 * INIT_BLOCK_ROWS + 5, 2, "C1")
+    whole = init_table(table, seed=7, index=3)
+    for start, stop in [(0, 10), (INIT_BLOCK_ROWS - 3, INIT_BLOCK_ROWS + 4), (100, 2 * INIT_BLOCK_ROWS + 9),
+                        (3 * INIT_BLOCK_ROWS, table.num_embeddings)]:
+        assert torch.equal(init_rows(table, 7, 3, start, stop), whole[start:stop])
+
+
+def test_deferred_tables_hold_no_memory_and_shard_like_drawn_ones():
+    with deferred_tables():
+        deferred = EmbeddingCollection(TABLES, seed=4)
+    assert all(w.is_meta for w in deferred.weights.values())  # nothing drawn until a shard takes its rows
+    drawn = EmbeddingCollection(TABLES, seed=4)
+    for plan in (plan_sharding(TABLES, 1), plan_sharding(TABLES, 1, "column")):
+        got = ShardedEmbeddingCollection.from_collection(deferred, plan)
+        torch.testing.assert_close(got(IDS), drawn(IDS), rtol=0, atol=0)
+    fused = FusedEmbeddingCollection.from_collection(deferred, optimizer="adam", lr=0.1)
+    torch.testing.assert_close(fused(IDS), drawn(IDS), rtol=0, atol=0)
+    assert all(w.is_meta for w in deferred.weights.values())
+    for name, weight in deferred.full_weights().items():  # drawn on demand: the same numbers
+        assert torch.equal(weight, drawn.full_weights()[name])

@@ -3,23 +3,68 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from torch import nn
 
 from ctrflow.embedding.tables import TableConfig
 
+INIT_BLOCK_ROWS = 1 << 16  # rows drawn from one generator: any row range is drawable on its own
+_DEFERRED: ContextVar[bool] = ContextVar("deferred_tables", default=False)
+
+
+def init_rows(table: TableConfig, seed: int, index: int, start: int, stop: int) -> torch.Tensor:
+    """Rows [start, stop) of a table's deterministic initial weights, whatever the later sharding.
+
+    DLRM's uniform(-1/sqrt(n), 1/sqrt(n)), drawn in blocks of `INIT_BLOCK_ROWS` rows, each from a
+    generator seeded by (seed, table, block): every process, and every shard of the table, gets the
+    same numbers while drawing only the blocks it holds (an MLPerf table is 20 GB in fp32).
+    """
+    bound = 1.0 / math.sqrt(table.num_embeddings)
+    out = torch.empty(stop - start, table.embedding_dim)
+    for block in range(start // INIT_BLOCK_ROWS, -(-stop // INIT_BLOCK_ROWS)):
+        lo = block * INIT_BLOCK_ROWS
+        hi = min(lo + INIT_BLOCK_ROWS, table.num_embeddings)
+        gen = torch.Generator().manual_seed((seed * 1000003 + index) * 1000003 + block)
+        rows = torch.empty(hi - lo, table.embedding_dim).uniform_(-bound, bound, generator=gen)
+        a, b = max(lo, start), min(hi, stop)
+        out[a - start:b - start] = rows[a - lo:b - lo]
+    return out
+
 
 def init_table(table: TableConfig, seed: int, index: int) -> torch.Tensor:
-    """Deterministic initial weights of one whole table, whatever the later sharding.
+    """A whole table's initial weights (`init_rows` over all its rows)."""
+    return init_rows(table, seed, index, 0, table.num_embeddings)
 
-    DLRM's uniform(-1/sqrt(n), 1/sqrt(n)); seeded per table so that every process, and every
-    sharding of the table, starts from the same numbers.
-    """
-    gen = torch.Generator().manual_seed(seed * 1000003 + index)
-    bound = 1.0 / math.sqrt(table.num_embeddings)
-    weight = torch.empty(table.num_embeddings, table.embedding_dim)
-    return weight.uniform_(-bound, bound, generator=gen)
+
+@contextmanager
+def deferred_tables() -> Iterator[None]:
+    """Collections built inside hold no table memory (meta parameters): their rows are drawn when
+    a sharded or fused collection takes them (`table_rows`), or on `materialize()`."""
+    token = _DEFERRED.set(True)
+    try:
+        yield
+    finally:
+        _DEFERRED.reset(token)
+
+
+def table_rows(collection: nn.Module, index: int, start: int, stop: int) -> torch.Tensor:
+    """Rows [start, stop) of table `index` of a plain or fused collection as they are now (the
+    initial ones for a deferred collection), without materializing the whole table."""
+    if getattr(collection, "deferred", False):
+        return init_rows(collection.tables[index], collection.seed, index, start, stop)
+    return collection.full_weights()[collection.tables[index].name][start:stop]
+
+
+def copy_table_rows(collection: nn.Module, index: int, start: int, stop: int, out: torch.Tensor,
+                    chunk: int = 1 << 20) -> None:
+    """`out[:] = table_rows(...)` in chunks of rows, so the host holds one chunk at a time."""
+    for a in range(start, stop, chunk):
+        b = min(a + chunk, stop)
+        out[a - start:b - start].copy_(table_rows(collection, index, a, b))
 
 
 class EmbeddingCollection(nn.Module):
@@ -36,9 +81,18 @@ class EmbeddingCollection(nn.Module):
             raise ValueError(f"all tables of one collection need one embedding_dim, got {sorted(dims)}")
         self.tables = list(tables)
         self.embedding_dim = dims.pop()
+        self.seed, self.deferred = seed, _DEFERRED.get()
         self.weights = nn.ParameterDict(
-            {t.name: nn.Parameter(init_table(t, seed, i)) for i, t in enumerate(self.tables)}
+            {t.name: nn.Parameter(torch.empty(t.num_embeddings, t.embedding_dim, device="meta") if self.deferred
+                                  else init_table(t, seed, i)) for i, t in enumerate(self.tables)}
         )
+
+    def materialize(self) -> None:
+        """Draw the tables of a deferred collection (no-op otherwise)."""
+        if self.deferred:
+            for i, t in enumerate(self.tables):
+                self.weights[t.name] = nn.Parameter(init_table(t, self.seed, i))
+            self.deferred = False
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         columns = [
@@ -48,5 +102,14 @@ class EmbeddingCollection(nn.Module):
         return torch.stack(columns, dim=1)  # [B, F, D]
 
     def full_weights(self) -> dict[str, torch.Tensor]:
-        """Whole tables by name, for topology-independent checkpoints and export."""
+        """Whole tables by name, for topology-independent checkpoints and export (draws a deferred
+        collection's tables first)."""
+        self.materialize()
         return {t.name: self.weights[t.name].detach() for t in self.tables}
+
+
+def materialize_tables(model: nn.Module) -> None:
+    """Draw every deferred `EmbeddingCollection` left in `model` (those no faster path took)."""
+    for module in model.modules():
+        if isinstance(module, EmbeddingCollection):
+            module.materialize()

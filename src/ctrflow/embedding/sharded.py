@@ -14,16 +14,20 @@ step on N ranks equals a step of the plain collection on the global batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from ctrflow.embedding.collection import table_rows
 from ctrflow.embedding.comm import exchange, exchange_differentiable, group_size, replicated_lookup, scale_grad
 from ctrflow.embedding.plan import Shard, ShardingPlan
 from ctrflow.embedding.tables import TableConfig, check_ids
 
+_ON_MAIN: ContextVar[bool] = ContextVar("gathered_on_main", default=False)
 Init = Callable[[TableConfig, int, Shard], torch.Tensor]  # (table, table index, shard) -> shard weights
 
 
@@ -68,11 +72,11 @@ class ShardedEmbeddingCollection(nn.Module):
 
     @classmethod
     def from_collection(cls, collection, plan: ShardingPlan, group=None, device="cpu", check: bool = True):
-        """Shard a plain `EmbeddingCollection`, keeping its current weights."""
-        full = collection.full_weights()
+        """Shard a plain `EmbeddingCollection`, keeping its current weights (a deferred one's
+        rows are drawn shard by shard: no process holds a whole table)."""
 
-        def take(t: TableConfig, _i: int, s: Shard) -> torch.Tensor:
-            return full[t.name][s.rows[0]:s.rows[1], s.cols[0]:s.cols[1]].clone()
+        def take(_t: TableConfig, i: int, s: Shard) -> torch.Tensor:
+            return table_rows(collection, i, s.rows[0], s.rows[1])[:, s.cols[0]:s.cols[1]].clone()
 
         return cls(collection.tables, plan, take, group, device, check)
 
@@ -212,20 +216,40 @@ class ShardedEmbeddingCollection(nn.Module):
         return total
 
 
+@contextmanager
+def gathered_on_main() -> Iterator[None]:
+    """Within: `gather_whole` assembles whole tables on the group's first rank only (a checkpoint
+    that rank writes); the other ranks get zero-stride placeholders of the right shape, which hold
+    no memory and must not be read. Without it every rank would hold every whole table at once."""
+    token = _ON_MAIN.set(True)
+    try:
+        yield
+    finally:
+        _ON_MAIN.reset(token)
+
+
 def gather_whole(table: TableConfig, tp, local: torch.Tensor | None, group, device, per_row: bool = False
                  ) -> torch.Tensor:
     """Whole `table` ([N, D], or [N] with `per_row`) from each rank's shard `local` under the table's
     plan `tp` (collective over `group`; a replica or a single process returns its own copy; on CPU)."""
     world = group_size(group)
+    shape = (table.num_embeddings,) if per_row else (table.num_embeddings, table.embedding_dim)
+    on_main = _ON_MAIN.get() and world > 1
+    main = not on_main or dist.get_rank(group) == 0  # this rank returns the whole table
     if tp.sharding == "data" or world == 1:
-        return local.detach().cpu().clone()
+        return local.detach().cpu().clone() if main else torch.zeros(()).expand(shape)
     numel = [s.num_rows * (1 if per_row else s.num_cols) for s in tp.shards]
     mine = torch.zeros(max(numel), device=device)
     if local is not None:
         mine[: local.numel()] = local.detach().reshape(-1)
-    parts = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(parts, mine, group=group)
-    full = torch.empty((table.num_embeddings,) if per_row else (table.num_embeddings, table.embedding_dim))
+    parts = [torch.empty_like(mine) for _ in range(world)] if main else None
+    if on_main:
+        dist.gather(mine, parts, dst=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+        if not main:
+            return torch.zeros(()).expand(shape)  # the placeholder of `gathered_on_main`
+    else:
+        dist.all_gather(parts, mine, group=group)
+    full = torch.empty(shape)
     for s, n in zip(tp.shards, numel):
         part = parts[s.rank][:n].cpu()
         if per_row:

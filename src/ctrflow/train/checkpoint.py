@@ -25,6 +25,7 @@ from torch import nn
 
 from ctrflow.config import TrainConfig
 from ctrflow.data.schema import Schema
+from ctrflow.embedding.sharded import gathered_on_main
 from ctrflow.errors import UserError
 from ctrflow.models import build_model, embedding_collections
 from ctrflow.train.distributed import Runtime, barrier
@@ -117,8 +118,9 @@ def save_checkpoint(out: str | Path, model: nn.Module, optimizers: Optimizers, p
     `epoch`. Every process calls this (tables may be gathered); rank 0 writes.
     """
     out = Path(out)
-    state = model_state(model)
-    optim_state = optimizers.state_dict()
+    with gathered_on_main():  # only rank 0 assembles whole tables: the others hold their shards alone
+        state = model_state(model)
+        optim_state = optimizers.state_dict()
     final = out / f"step_{position['step']:08d}"
     if runtime.is_main:
         for stale in out.glob(".tmp-step_*"):  # left by a killed run: never complete, never read

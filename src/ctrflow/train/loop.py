@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from ctrflow.config import TrainConfig
 from ctrflow.data.batch import Batch
 from ctrflow.data.loader import BatchLoader, ParquetDataset
 from ctrflow.data.schema import Schema
+from ctrflow.embedding.collection import deferred_tables, materialize_tables
 from ctrflow.errors import UserError
 from ctrflow.models import build_model
 from ctrflow.tracking import NullTracker, Tracker
@@ -80,14 +82,18 @@ def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
     schema = Schema.load(config.data.path)
     train_loader, valid_loader = _loaders(config, schema, runtime)
     m = config.model
-    model = build_model(m.name, schema, m.embedding_dim, seed=config.seed, **m.arch_kwargs())
+    fast = use_fused(config, runtime)
+    # tables that will be sharded or fused are drawn only where they land (MLPerf's are ~96 GB)
+    with deferred_tables() if runtime.distributed or fast else nullcontext():
+        model = build_model(m.name, schema, m.embedding_dim, seed=config.seed, **m.arch_kwargs())
     amp = autocast_dtype(config, runtime)
     if config.precision == "fp8":  # autocast_dtype checked the GPU; same parameters, so before the rest
         apply_fp8(model)
     fused, fused_options = None, None
-    if use_fused(config, runtime) and not runtime.distributed:  # tables built straight on the device, fused
+    if fast and not runtime.distributed:  # tables drawn straight into the device buffer, fused
         fused = FusedTables(apply_fused(model, config.optim, runtime.device, amp), config.optim.sparse)
-    elif use_fused(config, runtime):  # N processes: each rank's shards fused, behind the all-to-all
+        materialize_tables(model)  # the collections too narrow to fuse (DeepFM's first-order tables)
+    elif fast:  # N processes: each rank's shards fused, behind the all-to-all
         swap_interactions(model)
         fused_options = sharded_options(config.optim, amp)
     # before the optimizers: sharding replaces the tables' parameters by this process's shards;

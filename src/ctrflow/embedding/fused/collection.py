@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from ctrflow.embedding.collection import EmbeddingCollection
+from ctrflow.embedding.collection import EmbeddingCollection, copy_table_rows, init_table
 from ctrflow.embedding.fused import ops
 from ctrflow.embedding.tables import TableConfig
 from ctrflow.errors import UserError
@@ -76,8 +76,9 @@ class FusedEmbeddingCollection(nn.Module):
     def from_collection(cls, plain: EmbeddingCollection, **options) -> "FusedEmbeddingCollection":
         """A fused copy of a plain collection's tables and weights (options as for the constructor)."""
         fused = cls(plain.tables, **options)
-        weights = torch.cat([plain.full_weights()[t.name] for t in plain.tables])
-        fused.weight.copy_(weights)
+        with torch.no_grad():  # table by table, in chunks: a deferred collection is never whole on the host
+            for i, (t, start) in enumerate(zip(plain.tables, fused.offsets.tolist())):
+                copy_table_rows(plain, i, 0, t.num_embeddings, fused.weight[start:start + t.num_embeddings])
         return fused
 
     def _apply(self, fn, recurse=True):
@@ -161,12 +162,15 @@ def _init_weights(tables: list[TableConfig], seed: int, dtype: torch.dtype, devi
         return weight
     start = 0
     for index, t in enumerate(tables):
+        block = weight[start:start + t.num_embeddings]
+        start += t.num_embeddings
+        if device.type == "cpu":  # the plain collection's numbers
+            block.copy_(init_table(t, seed, index))
+            continue
         gen = torch.Generator(device=device).manual_seed(seed * 1000003 + index)
         bound = 1.0 / math.sqrt(t.num_embeddings)
-        block = weight[start:start + t.num_embeddings]
         if dtype == torch.float32:
             block.uniform_(-bound, bound, generator=gen)
         else:
             block.copy_(torch.empty(block.shape, device=device).uniform_(-bound, bound, generator=gen))
-        start += t.num_embeddings
     return weight

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ctrflow.embedding.collection import copy_table_rows
 from ctrflow.embedding.comm import exchange_async, group_size
 from ctrflow.embedding.fused import ops
 from ctrflow.embedding.fused.collection import FusedEmbeddingCollection
@@ -88,7 +89,11 @@ class FusedShardedEmbeddingCollection(nn.Module):
     def from_collection(cls, collection, plan: ShardingPlan, group=None, device="cpu", **options):
         """Shard a plain (or fused) collection, keeping its current weights."""
         sharded = cls(collection.tables, plan, group, device, **options)
-        sharded.load_full_weights(collection.full_weights())
+        index = {t.name: i for i, t in enumerate(collection.tables)}
+        with torch.no_grad():  # shard by shard, in chunks: a deferred collection is never whole
+            for name, (coll, start, rows) in sharded._parts().items():
+                copy_table_rows(collection, index[name], rows[0], rows[1],
+                                coll.weight[start:start + rows[1] - rows[0]])
         return sharded
 
     def _apply(self, fn, recurse=True):
