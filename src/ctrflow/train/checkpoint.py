@@ -54,16 +54,15 @@ def load_model_state(model: nn.Module, state: dict[str, dict[str, torch.Tensor]]
     """Inverse of `model_state`, for any sharding of `model`; names what does not fit."""
     paths = embedding_collections(model)
     for path, collection in paths.items():
-        current = collection.full_weights()
         tables = {}
-        for name, weight in current.items():
-            saved = state["tables"].get(f"{path}.{name}")
+        for t in collection.tables:  # names and shapes from the configs: no whole table is gathered
+            saved = state["tables"].get(f"{path}.{t.name}")
             if saved is None:
-                raise UserError(f"checkpoint has no table {path}.{name}")
-            if saved.shape != weight.shape:
-                raise UserError(f"table {path}.{name}: checkpoint shape {tuple(saved.shape)} "
-                                f"!= model {tuple(weight.shape)}")
-            tables[name] = saved
+                raise UserError(f"checkpoint has no table {path}.{t.name}")
+            if tuple(saved.shape) != (t.num_embeddings, t.embedding_dim):
+                raise UserError(f"table {path}.{t.name}: checkpoint shape {tuple(saved.shape)} "
+                                f"!= model {(t.num_embeddings, t.embedding_dim)}")
+            tables[t.name] = saved
         if hasattr(collection, "load_full_weights"):  # a sharded collection keeps only its shards
             collection.load_full_weights(tables)
         else:
@@ -202,8 +201,10 @@ def restore_checkpoint(path: str | Path, model: nn.Module, optimizers: Optimizer
     """Load weights, optimizer state and RNG into a built model; returns the meta (position)."""
     step_dir = resolve_checkpoint(path)
     meta = read_meta(step_dir)
-    load_model_state(model, torch.load(step_dir / "model.pt", map_location="cpu", weights_only=True))
-    optimizers.load_state_dict(torch.load(step_dir / "optimizer.pt", map_location="cpu", weights_only=True))
+    # memory-mapped: each process copies only its shards' rows, the page cache is shared between them
+    load_model_state(model, torch.load(step_dir / "model.pt", map_location="cpu", weights_only=True, mmap=True))
+    optimizers.load_state_dict(torch.load(step_dir / "optimizer.pt", map_location="cpu", weights_only=True,
+                                          mmap=True))
     if restore_rng:
         set_rng_state(torch.load(step_dir / "rng.pt", weights_only=True))
     return meta
