@@ -64,6 +64,12 @@ class DataConfig:
     eval_batch_size: int = 16384
     shuffle: bool = True
     prefetch: int = 4  # batches prepared ahead by the loader thread
+    # train split: auto (in memory when it fits: on the GPU within 1/16 of its memory, on the CPU
+    # within 1/4 of host memory per process; else streamed) | memory | stream (ctrflow.data.stream)
+    loader: str = "auto"
+    shuffle_window: int = 1 << 23  # stream: rows shuffled together (all lanes); 2 x 160 B each on host and device
+    lanes: int = 8  # stream: the same global batches for any process count dividing it
+    loader_threads: int | None = None  # stream: decode threads per process (None: cores / local processes, <= 16)
     limit_train_batches: int | None = None  # per epoch, for smoke runs
     limit_eval_batches: int | None = None
 

@@ -23,6 +23,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps in all")
     parser.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch (split across processes)")
     parser.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size)
+    parser.add_argument("--loader", choices=("auto", "memory", "stream"), default=d.loader,
+                        help="train split: memory (read whole; on the GPU when it takes <= 1/16 of its memory) or "
+                             "stream (row groups through shuffle windows, bounded memory); auto: memory when it fits")
+    parser.add_argument("--shuffle-window", type=int, default=d.shuffle_window, metavar="ROWS",
+                        help="--loader stream: rows shuffled together (2 x 160 B each in host and in GPU memory)")
+    parser.add_argument("--lanes", type=int, default=d.lanes,
+                        help="--loader stream: row streams per global batch; the batches are the same for any "
+                             "process count dividing it")
+    parser.add_argument("--loader-threads", type=int, default=None,
+                        help="--loader stream: Parquet decode threads per process (default: cores / processes, <= 16)")
     parser.add_argument("--embedding-dim", type=int, default=m.embedding_dim)
     parser.add_argument("--lr", type=float, default=o.lr, help="dense learning rate")
     parser.add_argument("--sparse-lr", type=float, default=o.sparse_lr, help="embedding learning rate")
@@ -72,7 +82,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         out=args.out,
         data=dataclasses.replace(base.data, path=args.data, batch_size=args.batch_size,
                                  eval_batch_size=args.eval_batch_size, limit_train_batches=args.limit_train_batches,
-                                 limit_eval_batches=args.limit_eval_batches),
+                                 limit_eval_batches=args.limit_eval_batches, loader=args.loader,
+                                 shuffle_window=args.shuffle_window, lanes=args.lanes,
+                                 loader_threads=args.loader_threads),
         model=dataclasses.replace(base.model, name=args.model, embedding_dim=args.embedding_dim),
         optim=dataclasses.replace(base.optim, dense=args.dense_optimizer, lr=args.lr, sparse_lr=args.sparse_lr,
                                   sparse=args.sparse_optimizer, large_table_rows=args.large_table_rows,

@@ -9,6 +9,10 @@ batches. The position (epoch, batch index) is all a resumed run needs.
 With `device`, the split is copied to that device once (`resident_bytes` says how much) and each
 batch is an index_select there by the epoch's permutation: no host work per batch, no copy. Else
 batches are gathered on the host by a background thread (pinned for an asynchronous copy).
+
+This path reads the whole split into host memory; splits that do not fit are streamed by
+`ctrflow.data.stream.StreamLoader` (`ctrflow train --loader auto|memory|stream`). Evaluation
+always reads here, in order.
 """
 
 from __future__ import annotations

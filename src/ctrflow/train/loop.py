@@ -24,6 +24,8 @@ from ctrflow.config import TrainConfig
 from ctrflow.data.batch import Batch
 from ctrflow.data.loader import BatchLoader, ParquetDataset
 from ctrflow.data.schema import Schema
+from ctrflow.data.stream import StreamLoader, choose_loader
+from ctrflow.data.stream_plan import ParquetIndex
 from ctrflow.embedding.collection import deferred_tables, materialize_tables
 from ctrflow.errors import UserError
 from ctrflow.models import build_model
@@ -49,7 +51,7 @@ class Session:
     schema: Schema
     model: nn.Module  # after parallelize: this process's shards, dense parts under DDP when N > 1
     optimizers: Optimizers
-    train_loader: BatchLoader
+    train_loader: BatchLoader | StreamLoader
     valid_loader: BatchLoader | None
     out: Path
     total_steps: int
@@ -127,16 +129,15 @@ def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
     return session
 
 
-def _loaders(config: TrainConfig, schema: Schema, runtime: Runtime) -> tuple[BatchLoader, BatchLoader | None]:
+def _loaders(config: TrainConfig, schema: Schema,
+             runtime: Runtime) -> tuple[BatchLoader | StreamLoader, BatchLoader | None]:
     data, sizes = config.data, schema.table_sizes()
     common = {"rank": runtime.rank, "world_size": runtime.world_size, "prefetch": data.prefetch,
               "pin_memory": runtime.device.type == "cuda"}
-    train_set = ParquetDataset(data.path, "train", sizes)
-    train_loader = BatchLoader(train_set, data.batch_size, shuffle=data.shuffle, drop_last=True, seed=config.seed,
-                               limit_batches=data.limit_train_batches,
-                               device=_resident_device(train_set, runtime), **common)
+    train_loader = _train_loader(config, sizes, runtime, common)
     if len(train_loader) == 0:
-        raise UserError(f"{data.path}/train: {len(train_set)} rows, fewer than one batch of {data.batch_size}")
+        raise UserError(f"{data.path}/train: {len(train_loader.dataset)} rows, fewer than one batch of "
+                        f"{data.batch_size}")
     valid_loader = None
     if (Path(data.path) / "valid").is_dir():
         valid_set = ParquetDataset(data.path, "valid", sizes)
@@ -144,6 +145,24 @@ def _loaders(config: TrainConfig, schema: Schema, runtime: Runtime) -> tuple[Bat
                                    limit_batches=data.limit_eval_batches,
                                    device=_resident_device(valid_set, runtime), **common)
     return train_loader, valid_loader
+
+
+def _train_loader(config: TrainConfig, sizes: list[int], runtime: Runtime, common: dict) -> BatchLoader | StreamLoader:
+    """In memory (whole split read) or streamed (`ctrflow.data.stream`), as `--loader` and the split's size say."""
+    data = config.data
+    index = ParquetIndex(data.path, "train")  # footers only
+    if choose_loader(data.loader, index.resident_bytes(), runtime.device) == "stream":
+        loader = StreamLoader(index, data.batch_size, seed=config.seed, shuffle=data.shuffle, rank=runtime.rank,
+                              world_size=runtime.world_size, lanes=data.lanes, window_rows=data.shuffle_window,
+                              table_sizes=sizes, device=runtime.device, threads=data.loader_threads,
+                              limit_batches=data.limit_train_batches)
+        print0(f"ctrflow train: streaming the train split ({index.resident_bytes() / 2**30:.1f} GiB): "
+               f"{data.lanes} lanes, shuffle window {data.shuffle_window:,} rows, "
+               f"{loader.buffer_bytes() / 2**30:.2f} GiB of buffers per process on host and device")
+        return loader
+    train_set = ParquetDataset(data.path, "train", sizes)
+    return BatchLoader(train_set, data.batch_size, shuffle=data.shuffle, drop_last=True, seed=config.seed,
+                       limit_batches=data.limit_train_batches, device=_resident_device(train_set, runtime), **common)
 
 
 def _resident_device(dataset: ParquetDataset, runtime: Runtime) -> torch.device | None:
