@@ -11,8 +11,10 @@ of synthetic rows, then times whole shuffled epochs in three modes:
 (gathered on the host by the prefetch thread into pinned memory, copied with non_blocking) and
 `stream` (`StreamLoader`: row groups decoded by threads into pinned windows, one copy per window,
 gathered on the GPU; bounded memory), for each `--threads` value. Each batch is on the device and
-the device synchronized before the clock stops. `--cold` also times one stream epoch after dropping
-the parts from the page cache (posix_fadvise DONTNEED): the disk's share. Prints one JSON line.
+the device synchronized before the clock stops. `--modes scan` times evaluation's in-order reader
+(`ScanLoader`). `--cold` drops the parts from the page cache (`drop_caches` as root, else fsync +
+posix_fadvise DONTNEED), records the fraction still cached (mincore) and times a plain threaded
+read of the files (the disk's ceiling), one stream epoch and one scan from disk. Prints one JSON line.
 Imports only numpy, pyarrow, torch and ctrflow.
 """
 
@@ -34,8 +36,12 @@ import torch
 
 from ctrflow.data.loader import BatchLoader, ParquetDataset
 from ctrflow.data.schema import DENSE, LABEL, SPARSE, Schema
+from ctrflow.data.scan import ScanLoader
 from ctrflow.data.stream import DEFAULT_WINDOW, StreamLoader
 from ctrflow.data.stream_plan import ParquetIndex
+
+sys.path.insert(0, str(Path(__file__).parent))
+from page_cache import cached_fraction, cold, disk_read  # noqa: E402
 
 CARDINALITY = 1_000_000
 
@@ -95,36 +101,40 @@ def time_epochs(loader, device: torch.device, epochs: int, limit: int | None) ->
             "batches_per_epoch": min(len(loader), limit or len(loader))}
 
 
-def drop_page_cache(root: Path) -> None:
-    """Ask the kernel to forget the parts' cached pages (no root needed; only these files). Written
-    back first: DONTNEED leaves dirty pages cached, so a split just written would still be read from memory."""
-    for path in (root / "train").glob("part-*.parquet"):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def time_stream(root: Path, args, device: torch.device) -> dict:
     """Stream mode for each thread count (and one cold epoch with `--cold`)."""
     out = {}
     index = ParquetIndex(root, "train")
-    for threads in args.threads:
+    size = sum(p.stat().st_size for p in (root / "train").iterdir())
+    for threads in args.threads if "stream" in args.modes else ():
         loader = StreamLoader(index, args.batch_size, seed=0, window_rows=args.window, device=device,
                               threads=threads, table_sizes=[CARDINALITY] * len(SPARSE))
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         out[f"stream_t{threads}"] = time_epochs(loader, device, args.epochs, None)
+        loader.close()  # the last epoch's lookahead
         out[f"stream_t{threads}"]["buffer_gib"] = loader.buffer_bytes() / 2**30
         if device.type == "cuda":
             out[f"stream_t{threads}"]["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    if args.cold:
-        drop_page_cache(root)
+    if args.cold and "stream" in args.modes:
+        cold(root, out, "disk")
+        out["disk_read"] = disk_read(root, max(args.threads))
+        cold(root, out, "stream")
         loader = StreamLoader(index, args.batch_size, seed=0, window_rows=args.window, device=device,
-                              threads=max(args.threads), table_sizes=[CARDINALITY] * len(SPARSE))
+                              threads=max(args.threads), table_sizes=[CARDINALITY] * len(SPARSE), epochs=8)
         out["stream_cold"] = one_epoch(loader, device)
+        out["stream_cold"]["gb_per_s"] = size / out["stream_cold"]["seconds"] / 1e9
+        out["stream_cached_after_epoch"] = cached_fraction(root)
+    if "scan" in args.modes:  # evaluation's in-order reader, warm then (with --cold) cold
+        scan = ScanLoader(index, args.eval_batch_size, device=device, threads=max(args.threads),
+                          table_sizes=[CARDINALITY] * len(SPARSE))
+        one_epoch(scan, device)
+        out["scan"] = one_epoch(scan, device)
+        out["scan"]["buffer_gib"] = scan.buffer_bytes() / 2**30
+        if args.cold:
+            cold(root, out, "scan")
+            out["scan_cold"] = one_epoch(scan, device)
+            out["scan_cold"]["gb_per_s"] = size / out["scan_cold"]["seconds"] / 1e9
     return out
 
 
@@ -137,7 +147,8 @@ def one_epoch(loader, device: torch.device) -> dict:
         samples += len(batch.to(device, non_blocking=True))
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return {"samples_per_s": samples / (time.perf_counter() - start), "batches": len(loader)}
+    seconds = time.perf_counter() - start
+    return {"samples_per_s": samples / seconds, "batches": len(loader), "seconds": seconds}
 
 
 def time_memory(root: Path, args, device: torch.device, result: dict) -> None:
@@ -161,12 +172,13 @@ def time_memory(root: Path, args, device: torch.device, result: dict) -> None:
 
 def print_table(result: dict) -> None:
     """A markdown table of the modes to stderr (the JSON line stays alone on stdout)."""
-    lines = ["| mode | samples/s (median) | min | max | first batch s | buffers GiB | peak GPU GiB |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| mode | samples/s (median) | min | max | first batch s | buffers GiB | peak GPU GiB | file GB/s |",
+             "|---|---|---|---|---|---|---|---|"]
     for mode, r in result.items():
-        if isinstance(r, dict) and "samples_per_s" in r:
+        if isinstance(r, dict) and ("samples_per_s" in r or "gb_per_s" in r):
             cells = [f"{r[k] / 1e6:.2f} M" if k in r else "" for k in ("samples_per_s", "min", "max")]
-            cells += [f"{r[k]:.3f}" if k in r else "" for k in ("first_batch_s", "buffer_gib", "peak_gpu_gib")]
+            cells += [f"{r[k]:.3f}" if k in r else "" for k in ("first_batch_s", "buffer_gib", "peak_gpu_gib",
+                                                                  "gb_per_s")]
             lines.append(f"| {mode} | " + " | ".join(cells) + " |")
     print("\n".join(lines), file=sys.stderr, flush=True)
 
@@ -181,6 +193,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--host-batches", type=int, default=40, help="batches per epoch in host mode (it is slow)")
     p.add_argument("--modes", default="resident,host,stream")
     p.add_argument("--threads", default="16", help="stream: decode thread counts to time, comma-separated")
+    p.add_argument("--eval-batch-size", type=int, default=262144, help="scan: rows per evaluation batch")
     p.add_argument("--window", type=int, default=DEFAULT_WINDOW, help="stream: shuffle window rows")
     p.add_argument("--cold", action="store_true", help="stream: one more epoch with the parts out of the page cache")
     p.add_argument("--dir", default=None, help="where to write the split (default: a temporary directory)")
@@ -218,7 +231,8 @@ def main(argv=None) -> dict:
         write_split(Path(tmp), args.rows, args.part_rows, args.row_group_rows, 0, args.compression, args.data)
         result["write_s"] = time.perf_counter() - t0
         result["parquet_gib"] = sum(p.stat().st_size for p in Path(tmp, "train").iterdir()) / 2**30
-        if "stream" in args.modes:
+        result["parquet_bytes"] = sum(p.stat().st_size for p in Path(tmp, "train").iterdir())
+        if {"stream", "scan"} & set(args.modes):
             result.update(time_stream(Path(tmp), args, device))
         if {"resident", "host"} & set(args.modes):
             time_memory(Path(tmp), args, device, result)

@@ -1,5 +1,6 @@
 """The streaming loader on CUDA (pinned windows, side-stream copies, gathers on the GPU) gives the
-CPU path's batches, also after an epoch left half-way; `ctrflow train --loader stream` runs on the GPU."""
+CPU path's batches, also after an epoch left half-way and across prefetched epochs; the evaluation
+scan gives each process its rows in order; `ctrflow train --loader stream` runs on the GPU."""
 
 from __future__ import annotations
 
@@ -64,3 +65,28 @@ def test_train_streams_on_the_gpu(data, tmp_path):
     summary = train(cfg)
     losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert summary["step"] == 20000 // 1024 and np.isfinite(losses).all()
+
+
+def test_prefetched_epochs_on_cuda_give_the_cpu_batches(data):
+    loader = StreamLoader(ParquetIndex(data, "train"), 512, seed=4, window_rows=4096, table_sizes=[50] * 26,
+                          device="cuda", threads=4, epochs=3)
+    for epoch in range(3):
+        got = [b.sparse.cpu() for b in loader.batches(epoch)]
+        assert all(torch.equal(x, y[1]) for x, y in zip(got, batches(data, "cpu", epoch, 0)))
+        assert len(got) == 20000 // 512
+
+
+@pytest.mark.parametrize("rank,world", [(0, 1), (1, 2)])
+def test_cuda_scan_gives_the_rows_in_order(data, rank, world):
+    from ctrflow.data.loader import ParquetDataset
+    from ctrflow.data.scan import ScanLoader
+
+    loader = ScanLoader(ParquetIndex(data, "valid"), 256, rank=rank, world_size=world, table_sizes=[50] * 26,
+                        device="cuda", window_rows=700, threads=4)
+    got = list(loader.batches())
+    assert all(b.sparse.is_cuda for b in got) and len(got) == len(loader)
+    split = ParquetDataset(data, "valid")
+    rows = slice(2000 * rank // world, 2000 * (rank + 1) // world)
+    assert torch.equal(torch.cat([b.sparse for b in got]).cpu(), torch.from_numpy(split.sparse[rows]).long())
+    assert torch.equal(torch.cat([b.dense for b in got]).cpu(), torch.from_numpy(split.dense[rows]))
+    assert torch.equal(torch.cat([b.labels for b in got]).cpu(), torch.from_numpy(split.labels[rows]))

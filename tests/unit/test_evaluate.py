@@ -115,3 +115,82 @@ def test_evaluate_refuses_checkpoint_of_other_data(tmp_path, tmp_path_factory, c
                  "--out", str(tmp_path / "eval")])
     assert code == 2
     assert "C7 cardinality" in capsys.readouterr().err
+
+
+# --- validation streamed in order (ctrflow.data.scan) vs the split read whole ---------------------------------
+
+
+def _model():
+    from ctrflow.models import build_model
+
+    return build_model("dlrm", [20] * 26, 8, seed=3).eval()
+
+
+def _in_memory_metrics(data):
+    """Today's reference: the whole valid split in memory, scored in order, metrics on every row."""
+    import torch
+
+    from ctrflow.data.loader import BatchLoader, ParquetDataset
+
+    loader = BatchLoader(ParquetDataset(data, "valid", [20] * 26), 64, shuffle=False, drop_last=False, prefetch=0)
+    with torch.no_grad():
+        logits = torch.cat([_model()(b.dense, b.sparse) for b in loader.batches()]).numpy()
+    labels = loader.dataset.labels
+    return {"auc": auc(labels, logits), "logloss": logloss(labels, 1 / (1 + np.exp(-logits.astype(np.float64)))),
+            "rows": len(labels)}
+
+
+def _validate_share(rank, world, data, store, results):
+    """One process of `world`: validate its share; every rank's result is returned."""
+    import torch
+    import torch.distributed as dist
+
+    from ctrflow.data.scan import ScanLoader
+    from ctrflow.data.stream_plan import ParquetIndex
+    from ctrflow.train.distributed import Runtime
+    from ctrflow.train.validate import validate
+
+    torch.set_num_threads(1)
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        loader = ScanLoader(ParquetIndex(data, "valid"), 64, rank=rank, world_size=world, table_sizes=[20] * 26,
+                            window_rows=96, threads=1)
+        results[rank] = validate(_model().train(), loader, Runtime(rank, world, rank, torch.device("cpu")))
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def valid_dir(tmp_path_factory):
+    from train_fixtures import write_processed
+
+    return write_processed(tmp_path_factory.mktemp("valid"), train_rows=10, valid_rows=701, cardinality=20, parts=3)
+
+
+def test_streamed_validation_equals_the_in_memory_metrics(valid_dir):
+    results = {}
+    _validate_share(0, 1, valid_dir, None, results)
+    expected = _in_memory_metrics(valid_dir)
+    assert results[0]["rows"] == expected["rows"] == 701
+    assert results[0]["auc"] == pytest.approx(expected["auc"], abs=1e-12)
+    assert results[0]["logloss"] == pytest.approx(expected["logloss"], rel=1e-9)
+
+
+def test_two_processes_validate_exactly_the_whole_split(valid_dir, tmp_path):
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    results = ctx.Manager().dict()
+    procs = [ctx.Process(target=_validate_share, args=(r, 2, valid_dir, tmp_path / "store", results)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    expected = _in_memory_metrics(valid_dir)
+    assert results[0] == results[1]  # every process gets the same numbers
+    assert results[0]["rows"] == 701  # each row scored once, by one process
+    assert results[0]["auc"] == pytest.approx(expected["auc"], abs=1e-12)
+    assert results[0]["logloss"] == pytest.approx(expected["logloss"], rel=1e-9)

@@ -227,3 +227,53 @@ def test_train_with_the_stream_loader_resumes_on_the_same_trajectory(stream_dir,
     resumed = run(tmp_path / "resumed", max_steps=20, resume=str(tmp_path / "first"))
     assert sorted(resumed) == list(range(1, 21))  # across the epoch boundary (15 steps an epoch)
     assert all(abs(resumed[s] - straight[s]) < 1e-5 for s in range(10, 21))
+
+
+def test_stream_prefetched_epochs_give_the_same_batches_as_fresh_loaders(stream_dir):
+    loader = stream(stream_dir, epochs=3)
+    for epoch in range(3):
+        got = collect(loader, epoch=epoch)
+        assert np.array_equal(rows_of(got), rows_of(collect(stream(stream_dir), epoch=epoch)))
+        assert (loader._next is not None) == (epoch < 2)  # the next epoch's first window is read ahead
+    half = stream(stream_dir, epochs=3)
+    for i, _ in enumerate(half.batches(0)):
+        if i == 3:
+            break
+    assert half._next is None  # an epoch left half-way reads nothing ahead
+    assert np.array_equal(rows_of(collect(half, epoch=1)), rows_of(collect(stream(stream_dir), epoch=1)))
+
+
+def test_ids_beyond_32_bits_are_named_not_truncated(tmp_path):
+    root = write_processed(tmp_path, train_rows=100, valid_rows=10, cardinality=20, parts=1)
+    part = root / "train" / "part-00000.parquet"
+    table = pq.read_table(part)
+    c5 = table.column("C5").to_numpy().astype(np.int64)
+    c5[42] = (1 << 31) + 5
+    pq.write_table(table.set_column(table.column_names.index("C5"), "C5", pa.array(c5)), part)
+    with pytest.raises(UserError, match=r"part-00000.parquet: row 42: C5 id 2147483653 does not fit in 32 bits"):
+        collect(stream(root, shuffle=False, batch=8, table_sizes=None))
+    with pytest.raises(UserError, match=r"part-00000.parquet: row 42: C5 id 2147483653 does not fit in 32 bits"):
+        ParquetDataset(root, "train")
+
+
+# --- evaluation scan (ctrflow.data.scan): the whole split in order, one contiguous share per process ----------
+
+from ctrflow.data.scan import ScanLoader  # noqa: E402
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_scan_reads_every_row_once_in_order_for_any_process_count(stream_dir, world):
+    shares = [list(ScanLoader(ParquetIndex(stream_dir, "train"), 64, rank=r, world_size=world, window_rows=100,
+                              table_sizes=[20] * 26, threads=2).batches()) for r in range(world)]
+    split = ParquetDataset(stream_dir, "train")
+    everything = np.concatenate([split.labels[:, None], split.dense, split.sparse], axis=1).astype(np.float64)
+    assert len({len(share) for share in shares}) == 1  # same batch count: collectives stay in step
+    assert np.array_equal(np.concatenate([rows_of(share) for share in shares]), everything)  # all 1000 rows
+    assert all(len(b) <= 64 // world for share in shares for b in share)
+
+
+def test_scan_limit_takes_the_first_rows_of_the_split(stream_dir):
+    shares = [list(ScanLoader(ParquetIndex(stream_dir, "train"), 64, rank=r, world_size=2, limit_batches=3,
+                              threads=2).batches()) for r in range(2)]
+    split = ParquetDataset(stream_dir, "train")
+    assert np.array_equal(torch.cat([b.labels for s in shares for b in s]).numpy(), split.labels[:192])

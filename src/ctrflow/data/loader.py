@@ -11,8 +11,8 @@ batch is an index_select there by the epoch's permutation: no host work per batc
 batches are gathered on the host by a background thread (pinned for an asynchronous copy).
 
 This path reads the whole split into host memory; splits that do not fit are streamed by
-`ctrflow.data.stream.StreamLoader` (`ctrflow train --loader auto|memory|stream`). Evaluation
-always reads here, in order.
+`ctrflow.data.stream.StreamLoader` (`ctrflow train --loader auto|memory|stream`). Evaluation and
+validation read in order, with bounded memory, through `ctrflow.data.scan.ScanLoader`.
 """
 
 from __future__ import annotations
@@ -23,12 +23,15 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
 from ctrflow.data.batch import Batch
 from ctrflow.data.schema import DENSE, LABEL, SPARSE
 from ctrflow.errors import UserError
+
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
 class ParquetDataset:
@@ -77,9 +80,19 @@ def _read_part(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             raise UserError(f"{path}: column {name} has {values.null_count} null value(s)")
         return values.to_numpy().astype(dtype, copy=False)
 
+    def ids(name: str) -> np.ndarray:
+        values = column(name, np.int64)
+        kind = table.schema.field(name).type
+        wide = pa.types.is_integer(kind) and (kind.bit_width > 32 or pa.types.is_uint32(kind))
+        if wide and len(values) and (values.min() < INT32_MIN or values.max() > INT32_MAX):
+            row = int(np.argmax((values < INT32_MIN) | (values > INT32_MAX)))
+            raise UserError(f"{path}: row {row}: {name} id {int(values[row])} does not fit in 32 bits (was the "
+                            f"data written by `ctrflow preprocess`?)")
+        return values
+
     labels = column(LABEL, np.float32)
     dense = np.stack([column(c, np.float32) for c in DENSE], axis=1)
-    sparse = np.stack([column(c, np.int64) for c in SPARSE], axis=1).astype(np.int32)
+    sparse = np.stack([ids(c) for c in SPARSE], axis=1).astype(np.int32)  # checked: nothing truncated
     return labels, dense, sparse
 
 

@@ -15,6 +15,9 @@ An epoch has floor(N/B) global batches, as the in-memory loader's; each lane dro
 (N/L mod b) rows, fewer than B + L rows in all. A process of rank r among W (W divides L) owns
 lanes r, r+W, ...: it reads only those, ~1/W of the split, and the union of the W processes'
 batches is the same set of rows for every such W.
+
+Evaluation's `ScanPlan` is the same stream in file order, unshuffled: a row range [begin, end)
+(one process's share) in windows of whole batches, nothing dropped.
 """
 
 from __future__ import annotations
@@ -109,12 +112,36 @@ def _footer_rows(path: Path) -> list[int]:
     return [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
 
 
-class EpochPlan:
+class _RowStream:
+    """The split's pieces in `order`, seen as one stream of rows; `reads` maps a row range to pieces."""
+
+    def __init__(self, index: ParquetIndex, order: np.ndarray):
+        self.index, self.order = index, order
+        self.starts = np.concatenate([[0], np.cumsum(index.piece_rows[order])])  # stream offsets
+
+    def reads(self, begin: int, end: int) -> list[tuple[int, int, int, int]]:
+        """The reads that cover stream rows [begin, end): (piece, first row, end row within the
+        piece, position from `begin`), in stream order."""
+        k = int(np.searchsorted(self.starts, begin, side="right")) - 1
+        out = []
+        while k < len(self.order) and self.starts[k] < end:
+            lo, hi = max(begin, self.starts[k]), min(end, self.starts[k + 1])
+            out.append((int(self.order[k]), int(lo - self.starts[k]), int(hi - self.starts[k]), int(lo - begin)))
+            k += 1
+        return out
+
+
+class EpochPlan(_RowStream):
     """Where each lane's windows come from in one epoch (module doc); no data is read here."""
+
+    indexed = True  # batches are gathered by a permuted index
 
     def __init__(self, index: ParquetIndex, batch_size: int, lanes: int, window_rows: int, seed: int,
                  epoch: int, shuffle: bool):
-        self.index, self.lanes, self.seed, self.epoch, self.shuffle = index, lanes, seed, epoch, shuffle
+        pieces = len(index.piece_rows)
+        super().__init__(index, np.random.default_rng([seed, epoch]).permutation(pieces) if shuffle
+                         else np.arange(pieces))
+        self.lanes, self.seed, self.epoch, self.shuffle = lanes, seed, epoch, shuffle
         self.lane_batch = batch_size // lanes  # b: each lane's rows of a global batch
         total = len(index)
         self.batches = (total // lanes) // self.lane_batch
@@ -122,11 +149,6 @@ class EpochPlan:
         self.window_batches = max(1, min(window_rows // lanes // self.lane_batch, self.batches))
         self.window = self.window_batches * self.lane_batch  # rows per lane window
         self.windows = -(-self.batches // self.window_batches)
-        if shuffle:
-            self.order = np.random.default_rng([seed, epoch]).permutation(len(index.piece_rows))
-        else:
-            self.order = np.arange(len(index.piece_rows))
-        self.starts = np.concatenate([[0], np.cumsum(index.piece_rows[self.order])])  # stream offsets
         self.lane_starts = [total * lane // lanes for lane in range(lanes)]
 
     def window_size(self, window: int) -> int:
@@ -137,14 +159,7 @@ class EpochPlan:
         """The reads that fill `lane`'s `window`: (piece, first row, end row within the piece,
         position in the window), in stream order."""
         begin = self.lane_starts[lane] + window * self.window
-        end = begin + self.window_size(window)
-        k = int(np.searchsorted(self.starts, begin, side="right")) - 1
-        out = []
-        while k < len(self.order) and self.starts[k] < end:
-            lo, hi = max(begin, self.starts[k]), min(end, self.starts[k + 1])
-            out.append((int(self.order[k]), int(lo - self.starts[k]), int(hi - self.starts[k]), int(lo - begin)))
-            k += 1
-        return out
+        return self.reads(begin, begin + self.window_size(window))
 
     def permutation(self, window: int, lane: int) -> np.ndarray:
         """The order of `lane`'s `window` rows: seeded by (seed, epoch, lane, window); identity when
@@ -153,3 +168,27 @@ class EpochPlan:
         if not self.shuffle:
             return np.arange(size, dtype=np.int64)
         return np.random.default_rng([self.seed, self.epoch, lane, window]).permutation(size)
+
+
+class ScanPlan(_RowStream):
+    """Rows [begin, end) of the split in file order, in windows of whole batches of `batch` rows:
+    evaluation's plan (one lane, nothing dropped or permuted; the last batch may be short)."""
+
+    indexed = False  # batches are spans of the window
+
+    def __init__(self, index: ParquetIndex, batch: int, window_rows: int, begin: int, end: int):
+        super().__init__(index, np.arange(len(index.piece_rows)))
+        self.begin, self.rows, self.lane_batch = begin, max(0, end - begin), batch
+        self.batches = -(-self.rows // batch)
+        self.window_batches = max(1, min(window_rows // batch, self.batches))
+        self.window = self.window_batches * batch
+        self.windows = -(-self.batches // self.window_batches)
+
+    def window_size(self, window: int) -> int:
+        """Rows in `window` (the last one may be shorter, and not a whole number of batches)."""
+        return max(0, min(self.window, self.rows - window * self.window))
+
+    def tasks(self, window: int, lane: int = 0) -> list[tuple[int, int, int, int]]:
+        """The reads that fill `window` (as `EpochPlan.tasks`; `lane` is always 0)."""
+        begin = self.begin + window * self.window
+        return self.reads(begin, begin + self.window_size(window))

@@ -38,16 +38,33 @@ def auc(labels, scores) -> float:
     """Exact area under the ROC curve; tied scores count half (the Mann-Whitney statistic).
 
     `labels` are 0/1, `scores` any monotone score (logits or probabilities). Returns NaN
-    when the labels hold a single class, where AUC is undefined.
+    when the labels hold a single class, where AUC is undefined. The positives' and negatives'
+    scores are sorted apart, in their own dtype (no float64 copy of a 178 M-row day), and each
+    positive counts the negatives below and tied with it by binary search: integer counts, exact.
     """
-    labels, scores = _check(labels, scores)
-    _, pos, neg = _score_groups(labels, scores)
-    n_pos, n_neg = pos.sum(), neg.sum()
-    if n_pos == 0 or n_neg == 0:
+    labels, scores = _check_lean(labels, scores)
+    positive = labels == 1
+    pos, neg = np.sort(scores[positive]), np.sort(scores[~positive])
+    if pos.size == 0 or neg.size == 0:
         return float("nan")
-    neg_below = np.cumsum(neg) - neg  # negatives with a strictly lower score
-    wins = np.dot(pos, neg_below + 0.5 * neg)
-    return float(wins / (n_pos * n_neg))
+    below = np.searchsorted(neg, pos, side="left")  # [positives] negatives with a strictly lower score
+    ties = np.searchsorted(neg, pos, side="right") - below
+    wins = float(below.sum(dtype=np.int64)) + 0.5 * float(ties.sum(dtype=np.int64))
+    return float(wins / (float(pos.size) * float(neg.size)))
+
+
+def _check_lean(labels, scores) -> tuple[np.ndarray, np.ndarray]:
+    """As `_check`, without widening float32 inputs to float64."""
+    labels, scores = np.asarray(labels).reshape(-1), np.asarray(scores).reshape(-1)
+    if labels.shape != scores.shape:
+        raise ValueError(f"labels ({labels.size}) and scores ({scores.size}) differ in length")
+    if scores.dtype.kind not in "fiu":
+        scores = scores.astype(np.float64)
+    if scores.dtype.kind == "f" and np.isnan(scores).any():
+        raise ValueError("scores contain NaN")
+    if not ((labels == 0) | (labels == 1)).all():
+        raise ValueError("labels must be 0 or 1")
+    return labels, scores
 
 
 def roc_curve(labels, scores) -> tuple[np.ndarray, np.ndarray]:
@@ -81,17 +98,35 @@ def calibration(labels, probabilities, bins: int = 10) -> dict:
     if n == 0:
         return {"mean_prediction": float("nan"), "observed_ctr": float("nan"), "ratio": float("nan"),
                 "ece": float("nan"), "bins": []}
-    order = np.argsort(probs, kind="stable")
     edges = np.unique(np.linspace(0, n, min(bins, n) + 1).round().astype(np.int64))
-    table, ece = [], 0.0
-    for lo, hi in zip(edges[:-1], edges[1:]):
-        idx = order[lo:hi]
-        predicted, observed = float(probs[idx].mean()), float(labels[idx].mean())
-        ece += (hi - lo) / n * abs(predicted - observed)
-        table.append({"rows": int(hi - lo), "min_prediction": float(probs[idx[0]]),
-                      "max_prediction": float(probs[idx[-1]]),
-                      "mean_prediction": predicted, "observed_ctr": observed})
+    # the k-th smallest predictions at the bin edges: O(n) selection instead of a sort of every row
+    ranked = np.partition(probs, np.unique(np.r_[edges[:-1], edges[1:] - 1]))
+    which = _bin_of_rows(probs, ranked, edges)
+    rows = np.bincount(which, minlength=len(edges) - 1)
+    predicted = np.bincount(which, weights=probs, minlength=len(edges) - 1) / rows
+    observed = np.bincount(which, weights=labels, minlength=len(edges) - 1) / rows
+    table = [{"rows": int(rows[k]), "min_prediction": float(ranked[lo]), "max_prediction": float(ranked[hi - 1]),
+              "mean_prediction": float(predicted[k]), "observed_ctr": float(observed[k])}
+             for k, (lo, hi) in enumerate(zip(edges[:-1], edges[1:]))]
+    ece = float(np.sum(rows / n * np.abs(predicted - observed)))
     mean_prediction, observed_ctr = float(probs.mean()), float(labels.mean())
     ratio = mean_prediction / observed_ctr if observed_ctr > 0 else float("nan")
     return {"mean_prediction": mean_prediction, "observed_ctr": observed_ctr, "ratio": ratio,
-            "ece": float(ece), "bins": table}
+            "ece": ece, "bins": table}
+
+
+def _bin_of_rows(probs: np.ndarray, ranked: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Each row's bin [n] when rows are ranked by prediction, ties in row order (a stable sort's bins).
+
+    `ranked` holds the sorted predictions at positions `edges` (np.partition). A row goes past
+    interior edge e when its prediction is above ranked[e], or equal to it and among the tied rows
+    a stable sort would place at e or after."""
+    which = np.zeros(probs.size, np.int16)
+    for e in edges[1:-1]:
+        value = ranked[e]
+        above = probs > value
+        which += above
+        ties = np.flatnonzero(probs == value)
+        before = e - (probs.size - int(np.count_nonzero(above)) - ties.size)  # tied rows left below the edge
+        which[ties[before:]] += 1
+    return which

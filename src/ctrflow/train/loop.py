@@ -24,6 +24,7 @@ from ctrflow.config import TrainConfig
 from ctrflow.data.batch import Batch
 from ctrflow.data.loader import BatchLoader, ParquetDataset
 from ctrflow.data.schema import Schema
+from ctrflow.data.scan import ScanLoader
 from ctrflow.data.stream import StreamLoader, choose_loader
 from ctrflow.data.stream_plan import ParquetIndex
 from ctrflow.embedding.collection import deferred_tables, materialize_tables
@@ -52,7 +53,7 @@ class Session:
     model: nn.Module  # after parallelize: this process's shards, dense parts under DDP when N > 1
     optimizers: Optimizers
     train_loader: BatchLoader | StreamLoader
-    valid_loader: BatchLoader | None
+    valid_loader: ScanLoader | None
     out: Path
     total_steps: int
     amp: torch.dtype | None = None  # autocast dtype of the forward pass (None: fp32)
@@ -130,7 +131,7 @@ def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
 
 
 def _loaders(config: TrainConfig, schema: Schema,
-             runtime: Runtime) -> tuple[BatchLoader | StreamLoader, BatchLoader | None]:
+             runtime: Runtime) -> tuple[BatchLoader | StreamLoader, ScanLoader | None]:
     data, sizes = config.data, schema.table_sizes()
     common = {"rank": runtime.rank, "world_size": runtime.world_size, "prefetch": data.prefetch,
               "pin_memory": runtime.device.type == "cuda"}
@@ -139,11 +140,10 @@ def _loaders(config: TrainConfig, schema: Schema,
         raise UserError(f"{data.path}/train: {len(train_loader.dataset)} rows, fewer than one batch of "
                         f"{data.batch_size}")
     valid_loader = None
-    if (Path(data.path) / "valid").is_dir():
-        valid_set = ParquetDataset(data.path, "valid", sizes)
-        valid_loader = BatchLoader(valid_set, data.eval_batch_size, shuffle=False, drop_last=False,
-                                   limit_batches=data.limit_eval_batches,
-                                   device=_resident_device(valid_set, runtime), **common)
+    if (Path(data.path) / "valid").is_dir():  # streamed in order: each process reads only its share
+        valid_loader = ScanLoader(ParquetIndex(data.path, "valid"), data.eval_batch_size, rank=runtime.rank,
+                                  world_size=runtime.world_size, table_sizes=sizes, device=runtime.device,
+                                  threads=data.loader_threads, limit_batches=data.limit_eval_batches)
     return train_loader, valid_loader
 
 
@@ -155,7 +155,7 @@ def _train_loader(config: TrainConfig, sizes: list[int], runtime: Runtime, commo
         loader = StreamLoader(index, data.batch_size, seed=config.seed, shuffle=data.shuffle, rank=runtime.rank,
                               world_size=runtime.world_size, lanes=data.lanes, window_rows=data.shuffle_window,
                               table_sizes=sizes, device=runtime.device, threads=data.loader_threads,
-                              limit_batches=data.limit_train_batches)
+                              limit_batches=data.limit_train_batches, epochs=config.epochs)
         print0(f"ctrflow train: streaming the train split ({index.resident_bytes() / 2**30:.1f} GiB): "
                f"{data.lanes} lanes, shuffle window {data.shuffle_window:,} rows, "
                f"{loader.buffer_bytes() / 2**30:.2f} GiB of buffers per process on host and device")

@@ -1,32 +1,51 @@
-"""Periodic validation during training: exact AUC and logloss over the valid split."""
+"""Periodic validation during training: exact AUC and logloss over the valid split.
+
+The split streams through `ctrflow.data.scan.ScanLoader` (bounded memory, each process its own
+contiguous share); each process keeps its logits and labels (8 bytes a row), rank 0 gathers them,
+computes the exact metrics and sends the three numbers to every process.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ctrflow.data.loader import BatchLoader
+from ctrflow.data.scan import ScanLoader
 from ctrflow.evaluate.metrics import auc, logloss
-from ctrflow.train.distributed import Runtime, gather_arrays
+from ctrflow.evaluate.scoring import score_batches
+from ctrflow.train.distributed import Runtime
 
 
-@torch.no_grad()
-def validate(model: nn.Module, loader: BatchLoader, runtime: Runtime,
+def validate(model: nn.Module, loader: ScanLoader | BatchLoader, runtime: Runtime,
              amp: torch.dtype | None = None) -> dict[str, float]:
     """`{"auc", "logloss", "rows"}` over every row of `loader` (each process scores its share;
-    the scores are gathered, so every process returns the same numbers); `amp`: autocast dtype."""
+    every process returns the same numbers); `amp`: autocast dtype."""
     was_training = model.training
     model.eval()
-    labels, scores = [], []
-    for batch in loader.batches(0):
-        batch = batch.to(runtime.device, non_blocking=True)
-        with torch.autocast(runtime.device.type, dtype=amp or torch.float32, enabled=amp is not None):
-            logits = model(batch.dense, batch.sparse)
-        scores.append(logits.float().cpu().numpy())  # a device-to-host sync per batch
-        labels.append(batch.labels.cpu().numpy())
-    model.train(was_training)
-    all_labels = gather_arrays(np.concatenate(labels) if labels else np.zeros(0, np.float32), runtime)
-    all_logits = gather_arrays(np.concatenate(scores) if scores else np.zeros(0, np.float32), runtime)
-    probs = 1.0 / (1.0 + np.exp(-all_logits.astype(np.float64)))
-    return {"auc": auc(all_labels, all_logits), "logloss": logloss(all_labels, probs), "rows": int(all_labels.size)}
+    try:
+        labels, logits = score_batches(model, loader.batches(), runtime.device, amp)
+    finally:
+        model.train(was_training)
+    return combine_metrics(labels, logits, runtime)
+
+
+def combine_metrics(labels: np.ndarray, logits: np.ndarray, runtime: Runtime) -> dict[str, float]:
+    """Exact metrics of every process's (labels, logits): computed on rank 0, sent to all."""
+    if not runtime.distributed:
+        return valid_metrics(labels, logits)
+    parts = [None] * runtime.world_size if runtime.is_main else None
+    dist.gather_object((labels, logits), parts, dst=0)  # rank 0 alone holds all scores (8 B a row)
+    result = [None]
+    if runtime.is_main:
+        result[0] = valid_metrics(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+    dist.broadcast_object_list(result, src=0)
+    return result[0]
+
+
+def valid_metrics(labels: np.ndarray, logits: np.ndarray) -> dict[str, float]:
+    """AUC (ranked on the logits), logloss and row count."""
+    probs = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
+    return {"auc": auc(labels, logits), "logloss": logloss(labels, probs), "rows": int(labels.size)}
