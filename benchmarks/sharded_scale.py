@@ -9,7 +9,10 @@ automatic planner (or `--sharding`), the dense part under DDP, on synthetic ids 
 (no loader; Zipf-skewed like `train_throughput.py`, or uniform). `--embedding fused` (the default
 on CUDA with Triton): each rank's shards in one `FusedShardedEmbeddingCollection` (fused lookup and
 update-in-backward behind the all-to-alls), `FusedDotInteraction`, aligned and compiled dense parts,
-as the one-GPU fast path; `plain`: `ShardedEmbeddingCollection` with sparse gradients and
+as the one-GPU fast path, the step started by the tables' lookups and exchanges (`forward_in_chunks`; the
+bottom MLP runs under the all-to-all) and DLRM's interaction reading the exchange buffers in place
+(`--no-in-place` gathers [b, 26, D] first; `--chunks N` splits the step into micro-batches, measured
+slower on 4 H200s); `plain`: `ShardedEmbeddingCollection` with sparse gradients and
 `SparseOptimizer`. Tables are initialised on their devices shard by shard, so no host ever holds a
 whole table. A plan that does not fit the GPUs' free memory is reported (`"fits": false`) instead
 of trained. Rank 0 prints the plan to stderr and one JSON line: plan, memory per GPU, samples/s,
@@ -35,6 +38,7 @@ from ctrflow.embedding.fused import ops
 from ctrflow.embedding.fused.dense import align_linear_inputs
 from ctrflow.embedding.fused.interaction import FusedDotInteraction
 from ctrflow.embedding.fused.sharded import FusedShardedEmbeddingCollection
+from ctrflow.embedding.fused.sharded_model import forward_in_chunks, read_exchange_layout
 from ctrflow.embedding.optimizers import SparseOptimizer, state_bytes
 from ctrflow.embedding.parallelize import apply_data_parallel
 from ctrflow.embedding.plan import (FUSED_REPLICATE_BYTES, REPLICATE_BYTES, Shard, device_memory_budget,
@@ -73,6 +77,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--replicate-mib", type=float, default=None,
                    help="auto plan: replicate tables up to this size (default: 32 fused, 1 plain)")
     p.add_argument("--graph", action="store_true", help="fused path: the whole step as one CUDA graph")
+    p.add_argument("--chunks", type=int, default=1,
+                   help="fused path: micro-batches per step, every chunk's embedding exchange started before "
+                        "the dense layers (one table update per step)")
+    p.add_argument("--in-place", action=argparse.BooleanOptionalAction, default=True,
+                   help="fused path, no row-wise tables: the interaction reads the exchange buffers in place "
+                        "(no gather into [b, 26, D] forward, none out of it backward; default)")
     p.add_argument("--profile", default="", help="folder: rank 0 writes a per-kernel GPU time table of 3 steps")
     args = p.parse_args(argv)
     if args.embedding == "auto":
@@ -147,6 +157,7 @@ def build_fused(args, runtime, tables, plan, model, group):
         output_dtype=torch.bfloat16 if bf16 else torch.float32, seed=args.seed, check=False,
         overlap=not args.no_overlap)
     replace_module(model, "interaction", FusedDotInteraction.from_plain(model.interaction))
+    args.in_place = args.in_place and read_exchange_layout(model)
     align_linear_inputs(model)
     if runtime.device.type == "cuda" and not args.no_compile:
         for name in ("dense_arch", "interaction", "over_arch"):
@@ -159,22 +170,29 @@ def build_fused(args, runtime, tables, plan, model, group):
 
 def make_step(args, runtime, model, optimizers):
     """One training step (loss on the device); with `--graph` the dense gradients are averaged by one
-    all-reduce of their concatenation (DDP is off) and the whole step is replayed as a CUDA graph."""
+    all-reduce of their concatenation (DDP is off), started before the fused tables' update (which
+    then runs beside it), and the whole step is replayed as a CUDA graph."""
     cuda = runtime.device.type == "cuda"
     dense = [p for p in model.parameters() if p.requires_grad]
+    tables = model.embeddings if isinstance(model.embeddings, FusedShardedEmbeddingCollection) else None
+    if args.graph and runtime.distributed and tables is not None:
+        tables.update_in_backward = False
 
     def step(dense_x, ids, labels):
         for opt in optimizers:
             if opt is not None:
                 opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda and args.precision == "bf16"):
-            logits = model(dense_x, ids)
+            logits = forward_in_chunks(model, dense_x, ids, args.chunks)
         loss = F.binary_cross_entropy_with_logits(logits.float(), labels)
         loss.backward()
         if args.graph and runtime.distributed:
             grads = [p.grad for p in dense]
             flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat)
+            work = dist.all_reduce(flat, async_op=True)
+            if tables is not None:
+                tables.flush()
+            work.wait()
             torch._foreach_copy_(grads, [f.view_as(g) for f, g in zip(flat.div_(runtime.world_size).split(
                 [g.numel() for g in grads]), grads)])
         for opt in optimizers:
@@ -270,7 +288,7 @@ def main(argv: list[str] | None = None) -> dict:
     replicate = int(args.replicate_mib * 2**20) if args.replicate_mib is not None else fused_default
     record["replicate_mib"] = replicate / 2**20
     if args.embedding == "fused":
-        record.update(large=large, overlap=not args.no_overlap, graph=args.graph,
+        record.update(large=large, overlap=not args.no_overlap, graph=args.graph, chunks=args.chunks,
                       compiled=runtime.device.type == "cuda" and not args.no_compile)
     try:
         plan = plan_sharding(tables, runtime.world_size, args.sharding, budget, memory_of,
@@ -290,6 +308,8 @@ def main(argv: list[str] | None = None) -> dict:
                   planned_gib_per_process=[b / 2**30 for b in plan.bytes_per_rank(tables, memory_of)],
                   memory_gib_per_process=gather(memory_gib(runtime), runtime),
                   step_ms=seconds * 1e3, samples_per_s=record["global_batch"] / seconds)
+    if args.embedding == "fused":
+        record["in_place"] = args.in_place  # false where the plan has row-wise tables
     return _emit(record, runtime)
 
 

@@ -140,8 +140,9 @@ def _in_memory_metrics(data):
             "rows": len(labels)}
 
 
-def _validate_share(rank, world, data, store, results):
-    """One process of `world`: validate its share; every rank's result is returned."""
+def _validate_share(rank, world, data, store, results, fused_sharded=False):
+    """One process of `world`: validate its share; every rank's result is returned. `fused_sharded`:
+    the tables sharded table-wise in a fused collection (its all-to-alls need equal batch sizes)."""
     import torch
     import torch.distributed as dist
 
@@ -156,7 +157,15 @@ def _validate_share(rank, world, data, store, results):
     try:
         loader = ScanLoader(ParquetIndex(data, "valid"), 64, rank=rank, world_size=world, table_sizes=[20] * 26,
                             window_rows=96, threads=1)
-        results[rank] = validate(_model().train(), loader, Runtime(rank, world, rank, torch.device("cpu")))
+        model = _model().train()
+        if fused_sharded:
+            from ctrflow.embedding.fused.sharded import FusedShardedEmbeddingCollection
+            from ctrflow.embedding.plan import plan_sharding
+
+            tables = model.embeddings.tables
+            model.embeddings = FusedShardedEmbeddingCollection.from_collection(
+                model.embeddings, plan_sharding(tables, world, "table"), optimizer="sgd", lr=0.1)
+        results[rank] = validate(model, loader, Runtime(rank, world, rank, torch.device("cpu")))
     finally:
         if world > 1:
             dist.destroy_process_group()
@@ -178,12 +187,15 @@ def test_streamed_validation_equals_the_in_memory_metrics(valid_dir):
     assert results[0]["logloss"] == pytest.approx(expected["logloss"], rel=1e-9)
 
 
-def test_two_processes_validate_exactly_the_whole_split(valid_dir, tmp_path):
+@pytest.mark.parametrize("fused_sharded", [False, True], ids=["replicated", "fused-sharded"])
+def test_two_processes_validate_exactly_the_whole_split(valid_dir, tmp_path, fused_sharded):
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("fork")
     results = ctx.Manager().dict()
-    procs = [ctx.Process(target=_validate_share, args=(r, 2, valid_dir, tmp_path / "store", results)) for r in range(2)]
+    # 701 rows: shares of 350 and 351 rows, so the last batches differ in size between the processes
+    procs = [ctx.Process(target=_validate_share, args=(r, 2, valid_dir, tmp_path / "store", results, fused_sharded))
+             for r in range(2)]
     for p in procs:
         p.start()
     for p in procs:

@@ -16,8 +16,10 @@ from ctrflow.embedding.fused.sharded import FusedShardedEmbeddingCollection
 from ctrflow.embedding.plan import plan_sharding
 from ctrflow.embedding.tables import TableConfig
 
-PLANS = {"table": ("table", "adam"), "row": ("row", "rowwise_adagrad"), "data": ("data", "adam"),
-         "mixed": ({"t_a": "table", "t_b": "row", "t_c": "data", "t_d": "row"}, "sgd")}
+MIXED = {"t_a": "table", "t_b": "row", "t_c": "data", "t_d": "row"}
+# name -> (plan, optimizer, micro-batches per step: `prefetch`ed chunks, one update for all of them)
+PLANS = {"table": ("table", "adam", 1), "row": ("row", "rowwise_adagrad", 1), "data": ("data", "adam", 1),
+         "mixed": (MIXED, "sgd", 1), "mixed-chunked": (MIXED, "adam", 2), "row-chunked": ("row", "rowwise_adagrad", 3)}
 KEYS = {"sgd": {}, "rowwise_adagrad": {"sum": "state1"}, "adam": {"exp_avg": "state1", "exp_avg_sq": "state2"}}
 
 
@@ -35,17 +37,22 @@ class Probe(torch.nn.Module):
         self.embeddings = embeddings
         self.register_buffer("readout", torch.linspace(-1.0, 1.0, features * dim).view(features, dim))
 
-    def forward(self, ids):
-        out = self.embeddings(ids)  # [b, F, D]
+    def forward(self, ids, chunks: int = 1):
+        if chunks > 1:  # every chunk's exchange started first, as `forward_in_chunks` does
+            parts = list(ids.chunk(chunks))
+            self.embeddings.prefetch(parts)
+            out = torch.cat([self.embeddings(p) for p in parts])
+        else:
+            out = self.embeddings(ids)  # [b, F, D]
         return torch.tanh((out.float() * self.readout).sum(-1)).pow(2).sum(-1).mean(), out
 
 
-def _run(model, batches, rank, world) -> tuple[list[torch.Tensor], list[float]]:
+def _run(model, batches, rank, world, chunks=1) -> tuple[list[torch.Tensor], list[float]]:
     """Train on this rank's slice of each batch: (outputs, global-batch losses: the ranks' mean)."""
     outs, losses = [], []
     b = batches[0].shape[0] // world
     for ids in batches:
-        loss, out = model(ids[rank * b:(rank + 1) * b])
+        loss, out = model(ids[rank * b:(rank + 1) * b], chunks)
         loss.backward()
         outs.append(out.detach().float().cpu())
         total = loss.detach().clone()
@@ -59,7 +66,8 @@ def _diff(a: dict, b: dict) -> float:
     return max([float((a[k].float().cpu() - b[k].float().cpu()).abs().max()) for k in b] + [0.0])
 
 
-def compare(spec, optimizer, rank, world, device, dim=4, batch=16, steps=4, scale=1, dtype=torch.float32, lr=0.1):
+def compare(spec, optimizer, rank, world, device, dim=4, batch=16, steps=4, scale=1, dtype=torch.float32, lr=0.1,
+            chunks=1):
     """Max differences (outputs, tables, state) of the sharded collection against one process."""
     tabs = tables(dim, scale)
     gen = torch.Generator().manual_seed(0)
@@ -74,7 +82,7 @@ def compare(spec, optimizer, rank, world, device, dim=4, batch=16, steps=4, scal
     sharded = FusedShardedEmbeddingCollection.from_collection(EmbeddingCollection(tabs, seed=3), plan, device=device,
                                                               **opts)
     model = Probe(sharded, len(tabs), dim).to(device)
-    out, loss = _run(model, batches, rank, world)
+    out, loss = _run(model, batches, rank, world, chunks)
     b = batch // world
     keys = KEYS[optimizer]
     got_state, ref_state = sharded.table_states(keys), ref.embeddings.table_states(keys)
@@ -85,6 +93,48 @@ def compare(spec, optimizer, rank, world, device, dim=4, batch=16, steps=4, scal
             "plan": [tp.sharding for tp in plan.tables.values()]}
 
 
+def train_dlrm(rank, world, device, dim, chunks, in_place, deferred=False, steps=3, batch=24):
+    """DLRM with fused sharded tables (two whole, the rest replicated), Adam, `steps` steps on this
+    rank's slice of each batch: (last logits, whole tables). Dense weights stay put. `deferred`:
+    the tables update at an explicit `flush()` after backward instead of inside it."""
+    from ctrflow.embedding.fused.interaction import FusedDotInteraction
+    from ctrflow.embedding.fused.sharded_model import forward_in_chunks, read_exchange_layout
+    from ctrflow.models import build_model, replace_module
+
+    sizes = [5 + 3 * i for i in range(26)]
+    gen = torch.Generator().manual_seed(2)
+    model = build_model("dlrm", sizes, dim, seed=1)
+    plan = plan_sharding(model.embeddings.tables, world, "auto", overrides={"t_C1": "table", "t_C9": "table"})
+    model.embeddings = FusedShardedEmbeddingCollection.from_collection(model.embeddings, plan, device=device,
+                                                                       optimizer="adam", lr=0.05)
+    replace_module(model, "interaction", FusedDotInteraction.from_plain(model.interaction))
+    model.to(device)
+    if in_place:
+        assert read_exchange_layout(model)
+    model.embeddings.update_in_backward = not deferred
+    for _ in range(steps):
+        dense = torch.rand(batch * world, 13, generator=gen)[rank * batch:(rank + 1) * batch].to(device)
+        ids = torch.stack([torch.randint(0, n, (batch * world,), generator=gen) for n in sizes], 1)
+        labels = torch.randint(0, 2, (batch * world,), generator=gen).float()
+        logits = forward_in_chunks(model, dense, ids[rank * batch:(rank + 1) * batch].to(device), chunks)
+        torch.nn.functional.binary_cross_entropy_with_logits(logits, labels[rank * batch:(rank + 1) * batch]
+                                                             .to(device)).backward()
+        if deferred:
+            model.embeddings.flush()
+    return logits.detach().float().cpu(), model.embeddings.full_weights()
+
+
+def compare_dlrm(rank, world, device, dim) -> dict:
+    """Max differences of micro-batched and in-place-layout DLRM steps against the plain step."""
+    ref_out, ref_weights = train_dlrm(rank, world, device, dim, 1, False)
+    out, weights = 0.0, 0.0
+    for chunks, in_place, deferred in ((3, False, False), (3, True, False), (1, True, True)):
+        got_out, got_weights = train_dlrm(rank, world, device, dim, chunks, in_place, deferred)
+        out = max(out, float((got_out - ref_out).abs().max()))
+        weights = max(weights, _diff(got_weights, ref_weights))
+    return {"out": out, "loss": 0.0, "weights": weights, "state": 0.0}
+
+
 def worker(rank, world, store_path, results, device_type="cpu", dim=4, scale=1, steps=4, lr=0.1):
     """One rank: every plan compared with the one-process collection; results on rank 0."""
     device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
@@ -93,22 +143,25 @@ def worker(rank, world, store_path, results, device_type="cpu", dim=4, scale=1, 
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"file://{store_path}",
                             rank=rank, world_size=world)
     try:
-        for name, (spec, optimizer) in PLANS.items():
+        for name, (spec, optimizer, chunks) in PLANS.items():
             result = compare(spec, optimizer, rank, world, device, dim=dim, scale=scale, steps=steps,
-                             batch=16 * scale, lr=lr)
+                             batch=16 * scale, lr=lr, chunks=chunks)
             if rank == 0:
                 results[name] = result
+        result = compare_dlrm(rank, world, device, max(dim, 16))  # the interaction's kernels need D >= 16
+        if rank == 0:
+            results["dlrm"] = result
     finally:
         dist.destroy_process_group()
 
 
 def check(results: dict, tolerance: float) -> None:
     """Every comparison within `tolerance`; the mixed plan as asked."""
-    assert set(results) == set(PLANS)
+    assert set(results) == {*PLANS, "dlrm"}
     for name, r in results.items():
         for key in ("out", "loss", "weights", "state"):
             assert r[key] < tolerance, (name, key, r)
-    assert results["mixed"]["plan"] == ["table", "row", "data", "row"]
+    assert results["mixed"]["plan"] == results["mixed-chunked"]["plan"] == ["table", "row", "data", "row"]
 
 
 def test_two_ranks_match_the_fused_collection_on_the_global_batch(tmp_path):
@@ -127,3 +180,10 @@ def test_replicated_gradient_counts_every_touch_of_a_large_table():
     expected = torch.bincount(ids.reshape(-1), minlength=rows).float()
     assert torch.equal(acc[rows * dim:], expected)
     assert torch.equal(acc[:rows * dim].view(rows, dim)[:, 0], expected)
+
+
+def test_dlrm_step_in_chunks_equals_the_whole_batch_step():
+    """One process: micro-batches (one update for all) and the interaction reading the exchange
+    buffers in place train DLRM as the whole batch does."""
+    r = compare_dlrm(0, 1, torch.device("cpu"), dim=8)
+    assert r["out"] < 1e-6 and r["weights"] < 1e-6, r

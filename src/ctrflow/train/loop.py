@@ -28,6 +28,7 @@ from ctrflow.data.scan import ScanLoader
 from ctrflow.data.stream import StreamLoader, choose_loader
 from ctrflow.data.stream_plan import ParquetIndex
 from ctrflow.embedding.collection import deferred_tables, materialize_tables
+from ctrflow.embedding.fused.sharded_model import forward_in_chunks, read_exchange_layout
 from ctrflow.errors import UserError
 from ctrflow.models import build_model
 from ctrflow.tracking import NullTracker, Tracker
@@ -104,6 +105,7 @@ def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
     model = parallelize(model, runtime, config.sharding, config.plan, sparse_memory(config.optim), fused_options)
     if fused_options is not None:
         fused = FusedTables(fused_collections(model), config.optim.sparse)
+        read_exchange_layout(model)  # DLRM's interaction reads the all-to-all's buffer: no [b, 26, D] gathers
     optimizers = build_optimizers(model, config.optim, fused)
     if fused is not None and not runtime.distributed and use_compile(config, runtime):
         compile_dense(model)  # same parameters: optimizers and checkpoints see no difference
@@ -219,7 +221,7 @@ def train_step(model: nn.Module, batch: Batch, optimizers: Optimizers, device: t
     (fused tables update inside backward); returns the (device) loss, unsynced."""
     batch = batch.to(device, non_blocking=True)
     with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-        logits = model(batch.dense, batch.sparse)
+        logits = forward_in_chunks(model, batch.dense, batch.sparse)  # sharded: exchanges start first
     loss = F.binary_cross_entropy_with_logits(logits.float(), batch.labels)
     optimizers.zero_grad()
     loss.backward()

@@ -12,21 +12,21 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ctrflow.data.loader import BatchLoader
 from ctrflow.data.scan import ScanLoader
 from ctrflow.evaluate.metrics import auc, logloss
 from ctrflow.evaluate.scoring import score_batches
 from ctrflow.train.distributed import Runtime
 
 
-def validate(model: nn.Module, loader: ScanLoader | BatchLoader, runtime: Runtime,
+def validate(model: nn.Module, loader: ScanLoader, runtime: Runtime,
              amp: torch.dtype | None = None) -> dict[str, float]:
     """`{"auc", "logloss", "rows"}` over every row of `loader` (each process scores its share;
     every process returns the same numbers); `amp`: autocast dtype."""
     was_training = model.training
     model.eval()
     try:
-        labels, logits = score_batches(model, loader.batches(), runtime.device, amp)
+        pad_to = loader.batch if runtime.distributed else None  # the same batch size on every process
+        labels, logits = score_batches(model, loader.batches(), runtime.device, amp, pad_to)
     finally:
         model.train(was_training)
     return combine_metrics(labels, logits, runtime)

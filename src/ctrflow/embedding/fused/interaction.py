@@ -7,6 +7,11 @@ accumulation in backward: several ms at batch 65,536) and concatenates again. He
 Gram matrix lives only in registers: forward reads dense and embeddings once and writes the top
 MLP's whole input row (dense copy, pairs, zero pad); backward reads them and the row's gradient once
 and writes d_dense = grad[:D] + ((G + G^T) x)[0] and d_embeddings = ((G + G^T) x)[1:].
+
+`embedding_rows` (optional, [3, F-1] int64) lets it read the embeddings where a sharded collection's
+exchange left them (`FusedShardedEmbeddingCollection.exchange_rows`): feature f of sample b is row
+batch * rows[0, f] + b * rows[1, f] + rows[2, f] of the [batch * (F-1), D] buffer, and its gradient
+goes to the same row, so neither direction needs a copy into or out of [B, F-1, D].
 """
 
 from __future__ import annotations
@@ -28,27 +33,47 @@ if ops.triton is not None:
         return pos, (i < j) & (j < F)
 
     @triton.jit
-    def _load_features(dense_ptr, emb_ptr, b, F: tl.constexpr, FP: tl.constexpr, D: tl.constexpr):
-        """x [FP, D]: row 0 the sample's dense vector, rows 1..F-1 its embeddings, the rest zero."""
+    def _row_map(map_ptr, batch, F: tl.constexpr, FP: tl.constexpr, MAPPED: tl.constexpr):
+        """With MAPPED: ([FP, 1] sample 0's buffer row of each embedding, [FP, 1] its step per sample),
+        read once per program; sample b's rows are first + b * step."""
+        f = tl.arange(0, FP)[:, None]
+        first = (f - 1).to(tl.int64)
+        step = tl.zeros([FP, 1], dtype=tl.int64) + (F - 1)
+        if MAPPED:
+            k = tl.maximum(f - 1, 0)
+            live = (f >= 1) & (f < F)
+            first = batch * tl.load(map_ptr + k, mask=live, other=0) + tl.load(map_ptr + 2 * (F - 1) + k, mask=live,
+                                                                                   other=0)
+            step = tl.load(map_ptr + (F - 1) + k, mask=live, other=0)
+        return first, step
+
+    @triton.jit
+    def _load_features(dense_ptr, emb_ptr, b, rows, F: tl.constexpr, FP: tl.constexpr, D: tl.constexpr):
+        """x [FP, D]: row 0 the sample's dense vector, rows 1..F-1 its embeddings (buffer rows
+        `rows` [FP, 1]), the rest zero."""
         f = tl.arange(0, FP)[:, None]
         cols = tl.arange(0, D)[None, :]
         xd = tl.load(dense_ptr + b * D + cols + f * 0, mask=(f == 0) & (cols < D), other=0.0)
-        xe = tl.load(emb_ptr + b * (F - 1) * D + (f - 1) * D + cols, mask=(f >= 1) & (f < F) & (cols < D),
-                     other=0.0)
+        xe = tl.load(emb_ptr + rows * D + cols, mask=(f >= 1) & (f < F) & (cols < D), other=0.0)
         return xd + xe
 
     @triton.jit
-    def interaction_kernel(dense_ptr, emb_ptr, out_ptr, batch, F: tl.constexpr, FP: tl.constexpr,
+    def interaction_kernel(dense_ptr, emb_ptr, map_ptr, out_ptr, batch, F: tl.constexpr, FP: tl.constexpr,
                            D: tl.constexpr, PAIRS: tl.constexpr, W: tl.constexpr, PADP: tl.constexpr,
-                           SAMPLES: tl.constexpr, IEEE: tl.constexpr):
+                           SAMPLES: tl.constexpr, IEEE: tl.constexpr, MAPPED: tl.constexpr):
         """out[b] = [dense[b], upper triangle (i < j) of x x^T, zeros up to W] for SAMPLES samples b."""
         cols = tl.arange(0, D)
         tail = D + PAIRS + tl.arange(0, PADP)
         pos, valid = _pair_index(F, FP)
+        row0, row_step = _row_map(map_ptr, batch, F, FP, MAPPED)
         for s in range(SAMPLES):
             b = tl.program_id(0).to(tl.int64) * SAMPLES + s
             if b < batch:
-                x = _load_features(dense_ptr, emb_ptr, b, F, FP, D)
+                if MAPPED:
+                    rows = row0 + b * row_step
+                else:
+                    rows = b * (F - 1) + (tl.arange(0, FP)[:, None] - 1)
+                x = _load_features(dense_ptr, emb_ptr, b, rows, F, FP, D)
                 if IEEE:
                     gram = tl.dot(x, tl.trans(x), input_precision="ieee")
                 else:
@@ -59,18 +84,23 @@ if ops.triton is not None:
                 tl.store(row + tail, tl.zeros([PADP], dtype=out_ptr.dtype.element_ty), mask=tail < W)
 
     @triton.jit
-    def interaction_backward_kernel(dense_ptr, emb_ptr, grad_ptr, ddense_ptr, demb_ptr, grad_stride, batch,
-                                    F: tl.constexpr, FP: tl.constexpr, D: tl.constexpr, SAMPLES: tl.constexpr,
-                                    IEEE: tl.constexpr):
+    def interaction_backward_kernel(dense_ptr, emb_ptr, map_ptr, grad_ptr, ddense_ptr, demb_ptr, grad_stride,
+                                    batch, F: tl.constexpr, FP: tl.constexpr, D: tl.constexpr,
+                                    SAMPLES: tl.constexpr, IEEE: tl.constexpr, MAPPED: tl.constexpr):
         """dx = (G + G^T) x, G [F, F] the pair gradients placed at (i, j), i < j; row 0 of dx plus
         grad[b, :D] is d_dense[b], rows 1.. are d_embeddings[b] (grad rows `grad_stride` apart)."""
         f = tl.arange(0, FP)[:, None]
         cols = tl.arange(0, D)[None, :]
         pos, valid = _pair_index(F, FP)
+        row0, row_step = _row_map(map_ptr, batch, F, FP, MAPPED)
         for s in range(SAMPLES):
             b = tl.program_id(0).to(tl.int64) * SAMPLES + s
             if b < batch:
-                x = _load_features(dense_ptr, emb_ptr, b, F, FP, D)
+                if MAPPED:
+                    rows = row0 + b * row_step
+                else:
+                    rows = b * (F - 1) + (tl.arange(0, FP)[:, None] - 1)
+                x = _load_features(dense_ptr, emb_ptr, b, rows, F, FP, D)
                 g = tl.load(grad_ptr + b * grad_stride + D + pos, mask=valid, other=0.0).to(tl.float32)
                 sym = (g + tl.trans(g)).to(x.dtype)  # one nonzero term per entry: exact in bf16
                 if IEEE:
@@ -80,8 +110,7 @@ if ops.triton is not None:
                 first = f == 0
                 dx += tl.load(grad_ptr + b * grad_stride + cols + f * 0, mask=first, other=0.0).to(tl.float32)
                 tl.store(ddense_ptr + b * D + cols + f * 0, dx.to(ddense_ptr.dtype.element_ty), mask=first)
-                tl.store(demb_ptr + b * (F - 1) * D + (f - 1) * D + cols, dx.to(demb_ptr.dtype.element_ty),
-                         mask=(f >= 1) & (f < F))
+                tl.store(demb_ptr + rows * D + cols, dx.to(demb_ptr.dtype.element_ty), mask=(f >= 1) & (f < F))
 
 
 _SAMPLES = 8
@@ -93,17 +122,18 @@ def _block(features: int) -> int:
 
 class _Interact(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, dense: torch.Tensor, embedded: torch.Tensor, width: int):
+    def forward(ctx, dense: torch.Tensor, embedded: torch.Tensor, width: int, rows: torch.Tensor | None):
         dense, embedded = dense.contiguous(), embedded.contiguous()
-        batch, others, dim = embedded.shape
+        batch, others, dim = embedded.shape  # with `rows`: the buffer viewed as [B, F-1, D]
         features = others + 1
         pairs = features * (features - 1) // 2
         out = torch.empty(batch, width, dtype=embedded.dtype, device=embedded.device)
         interaction_kernel[(triton.cdiv(batch, _SAMPLES),)](
-            dense, embedded, out, batch, F=features, FP=_block(features), D=dim, PAIRS=pairs, W=width,
-            PADP=triton.next_power_of_2(max(width - dim - pairs, 1)), SAMPLES=_SAMPLES,
-            IEEE=embedded.dtype == torch.float32, num_warps=4)
+            dense, embedded, dense if rows is None else rows, out, batch, F=features, FP=_block(features), D=dim,
+            PAIRS=pairs, W=width, PADP=triton.next_power_of_2(max(width - dim - pairs, 1)), SAMPLES=_SAMPLES,
+            IEEE=embedded.dtype == torch.float32, MAPPED=rows is not None, num_warps=4)
         ctx.save_for_backward(dense, embedded)
+        ctx.rows = rows
         return out
 
     @staticmethod
@@ -113,17 +143,29 @@ class _Interact(torch.autograd.Function):
         if grad.stride(1) != 1:
             grad = grad.contiguous()
         d_dense, d_embedded = torch.empty_like(dense), torch.empty_like(embedded)
+        rows = ctx.rows
         interaction_backward_kernel[(triton.cdiv(batch, _SAMPLES),)](
-            dense, embedded, grad, d_dense, d_embedded, grad.stride(0), batch, F=others + 1,
-            FP=_block(others + 1), D=dim, SAMPLES=_SAMPLES, IEEE=embedded.dtype == torch.float32, num_warps=4)
-        return d_dense, d_embedded, None
+            dense, embedded, dense if rows is None else rows, grad, d_dense, d_embedded, grad.stride(0), batch,
+            F=others + 1, FP=_block(others + 1), D=dim, SAMPLES=_SAMPLES, IEEE=embedded.dtype == torch.float32,
+            MAPPED=rows is not None, num_warps=4)
+        return d_dense, d_embedded, None, None
 
 
 class FusedDotInteraction(DotInteraction):
     """Drop-in for `DotInteraction(num_features, dim, pad_multiple)` (torch path off CUDA).
 
     Needs D a power of two of at least 16 (a Triton block); other shapes take the torch path.
+    `read_rows(rows)` makes it read embeddings laid out by `rows` (module docstring); None undoes it.
     """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register_buffer("embedding_rows", None, persistent=False)
+
+    def read_rows(self, rows: torch.Tensor | None) -> None:
+        """Read the embeddings as `rows` ([3, F-1] int64: batch scale, sample stride, first row) lays
+        them out, or as [B, F-1, D] (None)."""
+        self.embedding_rows = None if rows is None else rows.to(torch.int64).contiguous()
 
     @classmethod
     def from_plain(cls, plain: DotInteraction) -> "FusedDotInteraction":
@@ -131,11 +173,15 @@ class FusedDotInteraction(DotInteraction):
         return cls(plain.num_features, plain.dim, plain.pad_multiple)
 
     def forward(self, dense: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
-        dim = embedded.shape[2]
+        dim, rows = embedded.shape[2], self.embedding_rows
         if not (ops.uses_kernels(embedded) and dim >= 16 and dim & (dim - 1) == 0):
+            if rows is not None:  # [B, F-1] buffer row of each embedding, then the plain layer
+                b = embedded.shape[0]
+                at = torch.arange(b, device=embedded.device).unsqueeze(1)
+                embedded = embedded.reshape(-1, dim)[b * rows[0] + at * rows[1] + rows[2]]
             return super().forward(dense, embedded)
         if torch.is_autocast_enabled(embedded.device.type):
             dtype = torch.get_autocast_dtype(embedded.device.type)  # as bmm under autocast
         else:
             dtype = torch.promote_types(dense.dtype, embedded.dtype)
-        return _Interact.apply(dense.to(dtype), embedded.to(dtype), self.out_features)
+        return _Interact.apply(dense.to(dtype), embedded.to(dtype), self.out_features, rows)

@@ -16,17 +16,18 @@ from ctrflow.embedding.fused.collection import FusedEmbeddingCollection
 
 
 def replicated_grad(ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor, num_rows: int,
-                    scratch: dict, counts: bool = True) -> torch.Tensor:
+                    scratch: dict, counts: bool = True, out: torch.Tensor | None = None) -> torch.Tensor:
     """[num_rows * (D + 1)] fp32: grad [b, n, D] of ids [b, n] (rows ids + offsets of the replica
     buffer) summed per row ([num_rows, D] first), then the number of lookups of each row (left
-    zero without `counts`: SGD on fp32 replicas needs no mask, see `needs_counts`).
+    zero without `counts`: SGD on fp32 replicas needs no mask, see `needs_counts`); added to `out`
+    when given (a step's micro-batches share one buffer).
 
     The sums use the fused kernels (sorted, pre-reduced per block: tiny tables' rows are hit by
     most of the batch, and an atomic add per lookup would serialize) as an SGD step of rate -1 on a
     zeroed buffer.
     """
     dim = grad.shape[-1]
-    buf = torch.zeros(num_rows * (dim + 1), dtype=torch.float32, device=grad.device)
+    buf = torch.zeros(num_rows * (dim + 1), dtype=torch.float32, device=grad.device) if out is None else out
     sums = buf[:num_rows * dim].view(num_rows, dim)
     if "add" not in scratch:
         one = torch.zeros(1, device=grad.device)

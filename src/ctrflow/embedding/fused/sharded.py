@@ -10,8 +10,12 @@ global batch, like DDP's averaging of the dense gradients); replicated tables' g
 densely over ranks (one all-reduce) and stepped identically everywhere. No sparse gradient exists.
 
 With several ranks the backward only starts its exchanges (asynchronous) and the update waits until
-the end of the backward pass (an autograd callback), so the all-to-all overlaps the rest of the
-backward (bottom MLP, DDP's all-reduce); `flush()` also runs before the next lookup.
+the end of the backward pass (an autograd callback; or the caller's `flush()` with
+`update_in_backward = False`), so the all-to-all overlaps the rest of the backward (bottom MLP,
+DDP's all-reduce); `flush()` also runs before the next lookup. `prefetch(chunks)` starts a step's
+lookups and exchanges ahead of its forwards (micro-batches whose gradients still make ONE update),
+and `raw_output` hands the exchange buffer itself to a reader that knows `exchange_rows()`
+(`sharded_model.py`: DLRM's fused interaction).
 """
 
 from __future__ import annotations
@@ -82,7 +86,12 @@ class FusedShardedEmbeddingCollection(nn.Module):
         self.register_buffer("rep_index", torch.tensor(lay.rep, dtype=torch.int64, device=device), persistent=False)
         self.register_buffer("zero_offset", torch.zeros(1, dtype=torch.int64, device=device), persistent=False)
         self.model_parallel = any(lay.tab) or bool(lay.row_feats)
-        self.pending: list[dict] = []  # started backward exchanges whose update has not run
+        self.pending: list[dict] = []  # steps whose backward exchanges started, update not applied
+        self.ready: list[dict] = []  # prefetched chunks whose forward has not run
+        self.raw_output = False  # return the exchange's buffer as is (`read_exchange_layout`)
+        # False: backward only starts the exchanges; the caller's flush() (or the next lookup) updates,
+        # e.g. after starting its own all-reduce of the dense gradients, which then overlaps the update
+        self.update_in_backward = True
         self.cache: dict = {}
 
     @classmethod
@@ -113,43 +122,89 @@ class FusedShardedEmbeddingCollection(nn.Module):
                 coll.set_lr(lr)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids [b, F] -> [b, F, D] (every rank calls it each step)."""
+        """ids [b, F] -> [b, F, D] (every rank calls it each step; a micro-batch given to
+        `prefetch` takes the lookups and exchanges already started for it)."""
         if self.check:
             check_ids(ids, self.tables)
-        self.flush()  # the last backward's update lands before this lookup
         anchor = ids.new_empty(0, dtype=torch.float32).requires_grad_(torch.is_grad_enabled())
         return _ShardedLookup.apply(ids, anchor, self)
 
-    def lookup(self, ids: torch.Tensor) -> tuple[torch.Tensor, tuple]:
-        """The forward exchange and lookups; returns the output and what backward needs.
-
-        The returned embeddings and the replicated lookups land in one source buffer, and one
-        gather (`place_index`) writes [b, F, D] from it: no per-feature copies."""
-        b, dim, lay = ids.shape[0], self.embedding_dim, self.layout
+    def prefetch(self, chunks: list[torch.Tensor]) -> None:
+        """Start one step's lookups and embedding exchanges for its micro-batches `chunks` (ids [b_c, F]
+        each), all before any of their dense compute, so chunk c+1's exchange runs under chunk c's
+        dense layers; `forward(chunks[c])` must follow for each c, in order. Their gradients are
+        summed into ONE optimizer update (exact for every optimizer: the step of the whole batch)."""
+        self.flush()  # the last backward's update lands before these lookups
+        lay, dim = self.layout, self.embedding_dim
         if self.model_parallel:
             offsets = self.local.offsets if self.local is not None else None
-            r = route(ids, lay, offsets, self.group, self.cache, self._tab_indices())
-            n_back = sum(r.send)
+            routes = [route(ids, lay, offsets, self.group, self.cache, self._tab_indices()) for ids in chunks]
         else:
-            r = Route(b, ids.new_empty(0), [0] * lay.world, [0] * lay.world, {}, [[] for _ in range(lay.world)])
-            n_back = 0
-        src = torch.empty(n_back + b * len(lay.rep), dim, dtype=self.output_dtype, device=ids.device)
+            routes = [Route(ids.shape[0], ids.new_empty(0), [0] * lay.world, [0] * lay.world, {},
+                            [[] for _ in range(lay.world)]) for ids in chunks]
+        bounds = [0]
+        for r in routes:
+            bounds.append(bounds[-1] + r.rows.numel())
+        rows = routes[0].rows if len(routes) == 1 else torch.cat([r.rows for r in routes])
+        step = {"rows": rows, "bounds": bounds, "chunks": len(chunks), "arrived": 0, "works": [], "grad": None,
+                "rep_acc": None, "rep_work": None}
+        if self.local is not None and rows.numel():  # one gather for every chunk's received ids
+            emb = ops.lookup(rows.view(-1, 1), self.zero_offset, self.local.weight, self.output_dtype).view(-1, dim)
+        else:
+            emb = None
+        self.ready = [self._start_exchange(ids, r, emb, step, c) for c, (ids, r) in enumerate(zip(chunks, routes))]
+        for entry in self.ready:  # while the embeddings travel
+            b = entry["ids"].shape[0]
+            if self.replica is not None and b:
+                ops.lookup(entry["ids"].index_select(1, self.rep_index), self.replica.offsets, self.replica.weight,
+                           self.output_dtype, out=entry["src"][entry["n_back"]:].view(b, len(lay.rep), dim))
+
+    def _start_exchange(self, ids: torch.Tensor, r: Route, emb, step: dict, c: int) -> dict:
+        """Chunk c's returned embeddings, started into the head of its source buffer (whose tail
+        takes its replicated lookups)."""
+        n_back, b, dim = sum(r.send), ids.shape[0], self.embedding_dim
+        src = torch.empty(n_back + b * len(self.layout.rep), dim, dtype=self.output_dtype, device=ids.device)
         work = None
         if self.model_parallel:
-            if self.local is not None and r.rows.numel():
-                emb = ops.lookup(r.rows.view(-1, 1), self.zero_offset, self.local.weight, self.output_dtype)
-                emb = emb.view(-1, dim)
-            else:
-                emb = src.new_empty(0, dim)
-            _, work = exchange_async(emb, r.send, r.recv, self.group, out=src[:n_back])
-        if self.replica is not None and b:  # while the embeddings travel
-            ops.lookup(ids.index_select(1, self.rep_index), self.replica.offsets, self.replica.weight,
-                       self.output_dtype, out=src[n_back:].view(b, len(lay.rep), dim))
-        if work is not None:
-            work.wait()
-        perm = place_index(lay, r, len(self.tables), n_back, ids.device, self.cache)
-        out = ops.lookup(perm, self.zero_offsets(len(self.tables)), src, self.output_dtype)
-        return out, (ids, r)
+            lo, hi = step["bounds"][c], step["bounds"][c + 1]
+            piece = emb[lo:hi] if emb is not None else src.new_empty(0, dim)
+            _, work = exchange_async(piece, r.send, r.recv, self.group, out=src[:n_back])
+        return {"ids": ids, "route": r, "src": src, "work": work, "n_back": n_back, "step": step, "chunk": c}
+
+    def lookup(self, ids: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+        """The forward of one (micro-)batch; returns the output and what backward needs.
+
+        The returned embeddings and the replicated lookups land in one source buffer, and one
+        gather (`place_index`) writes [b, F, D] from it: no per-feature copies (none at all with
+        `raw_output`: the buffer itself is returned)."""
+        if not self.ready or self.ready[0]["ids"] is not ids:
+            self.prefetch([ids])
+        entry = self.ready.pop(0)
+        if entry["work"] is not None:
+            entry["work"].wait()
+        r = entry["route"]
+        if self.raw_output:  # [b, F, D] in name only: rows laid out as `exchange_rows` says
+            out = entry["src"].view(ids.shape[0], len(self.tables), self.embedding_dim)
+        else:
+            perm = place_index(self.layout, r, len(self.tables), entry["n_back"], ids.device, self.cache)
+            out = ops.lookup(perm, self.zero_offsets(len(self.tables)), entry["src"], self.output_dtype)
+        return out, (ids, r, entry["step"], entry["chunk"])
+
+    def exchange_rows(self) -> torch.Tensor | None:
+        """[3, F] int64: feature f of sample b of a (micro-)batch of b_n samples sits at row
+        b_n * rows[0, f] + b * rows[1, f] + rows[2, f] of the forward's source buffer (the returned
+        embeddings, in the order their ids were sent, then the replicated lookups [b_n, n_rep]);
+        None where row-wise shards make the layout depend on the ids."""
+        lay = self.layout
+        if not lay.static:
+            return None
+        rows = torch.zeros(3, len(self.tables), dtype=torch.int64)
+        start = 0
+        for group in (*lay.tab, lay.rep):
+            for k, f in enumerate(group):
+                rows[:, f] = torch.tensor([start, len(group), k])
+            start += len(group)
+        return rows.to(self.local_device())
 
     def zero_offsets(self, n: int) -> torch.Tensor:
         """n zeros (the gather's per-feature offsets when it reads a plain row buffer)."""
@@ -158,32 +213,40 @@ class FusedShardedEmbeddingCollection(nn.Module):
         return self.cache["zeros", n]
 
     def start_backward(self, grad: torch.Tensor, saved: tuple) -> None:
-        """Send the gradients to the shard owners and sum the replicas' over ranks (both started
-        asynchronously); the update runs at the end of the backward pass, or now for one process."""
-        ids, r = saved
+        """Send the gradients to the shard owners (into the step's one receive buffer) and sum the
+        replicas' (over the step's chunks, then over ranks), all started asynchronously; the update
+        runs at the end of the backward pass, or now for one process and one chunk."""
+        ids, r, step, c = saved
         lay, dim, b = self.layout, self.embedding_dim, ids.shape[0]
         rows = grad.to(self.output_dtype).reshape(-1, dim)  # [b * F, D]
-        index = pack_index(lay, r, len(self.tables), ids.device, self.cache)
-        packed = ops.lookup(index.view(-1, 1), self.zero_offset, rows, self.output_dtype).view(-1, dim)
+        if self.raw_output:  # already in the order the ids were sent, replicated features last
+            packed = rows
+        else:
+            index = pack_index(lay, r, len(self.tables), ids.device, self.cache)
+            packed = ops.lookup(index.view(-1, 1), self.zero_offset, rows, self.output_dtype).view(-1, dim)
         n_send = sum(r.send)
-        pending: dict = {"works": []}
         if self.model_parallel:
-            recv, work = exchange_async(packed[:n_send], r.recv, r.send, self.group)
-            pending.update(rows=r.rows, grad=recv)
-            pending["works"].append(work)
+            if step["grad"] is None:
+                step["grad"] = rows.new_empty(step["bounds"][-1], dim)
+            lo, hi = step["bounds"][c], step["bounds"][c + 1]
+            _, work = exchange_async(packed[:n_send], r.recv, r.send, self.group, out=step["grad"][lo:hi])
+            step["works"].append(work)
         if self.replica is not None:
             rep = self.replica
-            acc = replicated_grad(ids.index_select(1, self.rep_index), rep.offsets,
-                                  packed[n_send:].view(b, len(lay.rep), dim), rep.weight.shape[0], self.cache,
-                                  counts=needs_counts(rep))
-            work = None
-            if self.world_size > 1:  # on the default group's communicator: beside the all-to-all, not behind it
-                whole = self.world_size == dist.get_world_size()
-                work = dist.all_reduce(acc, group=None if whole else self.group, async_op=True)
-            pending["rep_acc"] = acc
-            pending["works"].append(work)
-        self.pending.append(pending)
-        if self.world_size > 1 and self.overlap:
+            step["rep_acc"] = replicated_grad(ids.index_select(1, self.rep_index), rep.offsets,
+                                              packed[n_send:].view(b, len(lay.rep), dim), rep.weight.shape[0],
+                                              self.cache, counts=needs_counts(rep), out=step["rep_acc"])
+        step["arrived"] += 1
+        if step["arrived"] < step["chunks"]:
+            return  # the last chunk's backward queues the update
+        if self.replica is not None and self.world_size > 1:
+            # on the default group's communicator: beside the all-to-all, not behind it
+            whole = self.world_size == dist.get_world_size()
+            step["rep_work"] = dist.all_reduce(step["rep_acc"], group=None if whole else self.group, async_op=True)
+        self.pending.append(step)
+        if not self.update_in_backward:
+            return  # the caller's `flush()` (or the next lookup) applies it
+        if (self.world_size > 1 and self.overlap) or step["chunks"] > 1:
             torch.autograd.Variable._execution_engine.queue_callback(self.flush)
         else:
             self.flush()
@@ -192,22 +255,26 @@ class FusedShardedEmbeddingCollection(nn.Module):
         return [getattr(self, f"tab_index_{d}") for d in range(self.world_size)]
 
     def flush(self) -> None:
-        """Apply the pending updates of the last backward (waits for their exchanges); no-op if none."""
+        """Apply the pending update of the last backward (waits for its exchanges); no-op if none."""
         pending, self.pending = self.pending, []
-        for p in pending:
-            self._apply_update(p)
+        for step in pending:
+            self._apply_update(step)
 
-    def _apply_update(self, p: dict) -> None:
-        for work in p["works"]:
-            if work is not None:
+    def _apply_update(self, step: dict) -> None:
+        """One optimizer step from every chunk's gradients: owned rows (while the replicas'
+        all-reduce still runs), then the replicas."""
+        for work in step["works"]:
+            if work is not None:  # None: one process
                 work.wait()
-        if "rows" in p and p["rows"].numel():
+        if self.model_parallel and step["rows"].numel():
             local = self.local
-            ops.update_rows(p["rows"].view(-1, 1), self.zero_offset, p["grad"].view(-1, 1, self.embedding_dim),
-                            local.weight, local.row_state, local.scratch, local.pre_reduce,
-                            grad_scale=1.0 / self.world_size)
-        if "rep_acc" in p:
-            apply_replicated(p["rep_acc"], self.replica, self.world_size)
+            ops.update_rows(step["rows"].view(-1, 1), self.zero_offset,
+                            step["grad"].view(-1, 1, self.embedding_dim), local.weight, local.row_state,
+                            local.scratch, local.pre_reduce, grad_scale=1.0 / self.world_size)
+        if step["rep_work"] is not None:
+            step["rep_work"].wait()
+        if step["rep_acc"] is not None:
+            apply_replicated(step["rep_acc"], self.replica, self.world_size)
 
     def _parts(self) -> dict[str, tuple]:
         """Table name -> (local collection, first local row, rows of the whole table it holds)."""
