@@ -9,9 +9,7 @@ torch optimizers: the quality reference). Options: `fp8` (what `ctrflow train --
 `ctrflow.train.fp8.apply_fp8`'s defaults: both products of every Linear >= 512 wide in fp8, row
 scales, e5m2 gradients, fast accumulation), `fp8w` (only the products whose quantized operand is
 the narrow side), `fp8t` (one scale per tensor), `fp32acc` (fp32 accumulation), `e4m3g` (e4m3
-gradients), `foreach` (torch's multi-tensor Adam instead of the fused one), `cross` (DCNv2's cross
-layers as `ctrflow.embedding.fused.cross.FusedCrossNet`: their elementwise work in Triton product
-epilogues; measured slower than inductor + cuBLAS, so `ctrflow train` does not use it). Device call 2 of session
+gradients), `foreach` (torch's multi-tensor Adam instead of the fused one). Device call 2 of session
 2 named these differently: its `fp8all:fastacc` is today's `fp8`, `fp8all` is `fp8:fp32acc`, `fp8`
 is `fp8w:fp32acc`, `fp8:fastacc` is `fp8w`.
 """
@@ -26,13 +24,12 @@ from ctrflow.config import OptimConfig
 from ctrflow.data.batch import Batch
 from ctrflow.data.schema import SPARSE
 from ctrflow.embedding.fused import FusedEmbeddingCollection
-from ctrflow.embedding.fused.cross import FusedCrossNet
 from ctrflow.embedding.fused.dense import align_linear_inputs
 from ctrflow.embedding.fused.interaction import FusedDotInteraction
 from ctrflow.embedding.fused.reference import RowwiseAdagrad
 from ctrflow.embedding.tables import tables_for
 from ctrflow.models import build_model, replace_module
-from ctrflow.models.layers import DotInteraction, LowRankCrossNet
+from ctrflow.models.layers import DotInteraction
 from ctrflow.train.fp8 import E4M3, E5M2, apply_fp8
 from ctrflow.train.fused import FusedTables
 from ctrflow.train.graphs import GraphedStep, compile_dense
@@ -47,9 +44,9 @@ SMALL_ARCH = {"dlrm": {"bottom_mlp": (32, 16), "top_mlp": (64, 32)},
               "dcnv2": {"bottom_mlp": (32, 16), "deep_mlp": (64, 32), "cross_layers": 2, "cross_rank": 8}}
 TABLE_OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.SparseAdam, "rowwise_adagrad": RowwiseAdagrad}
 KINDS = ("naive", "fused", "fused-eager", "fused-compile", "fused-compile-head", "loop", "plain")
-OPTIONS = ("fp8", "fp8w", "fp8t", "fp32acc", "e4m3g", "foreach", "cross")
+OPTIONS = ("fp8", "fp8w", "fp8t", "fp32acc", "e4m3g", "foreach")
 FP8 = {"fp8", "fp8w", "fp8t"}
-PRECISION_OPTIONS = FP8 | {"e4m3g", "fp32acc", "cross"}  # each changes the numbers: its own AUC check
+PRECISION_OPTIONS = FP8 | {"e4m3g", "fp32acc"}
 GRAPHED = ("fused", "fused-compile", "fused-compile-head")
 
 
@@ -65,8 +62,6 @@ def precision_of(name: str, device: torch.device) -> str:
     """What the path's dense products compute in, for the JSON line."""
     kind, options = split_path(name)
     rest = "bf16 autocast" if kind != "plain" and device.type == "cuda" else "fp32"
-    if "cross" in options:
-        rest += " (fused cross layers where they apply)"
     if options & FP8:
         grads = "e4m3" if "e4m3g" in options else "e5m2"
         scales = "tensor" if "fp8t" in options else "row"
@@ -137,7 +132,7 @@ def build_loop_path(args, arch: dict, sizes: list[int], device: torch.device, op
     model = build_model(args.model, [1] * len(SPARSE), args.dim, **arch)
     make_fast(model, args, sizes, device, optim, compile_scope="", options=options, align=False)
     model.to(device)
-    compile_dense(model, fuse_cross="cross" in options)
+    compile_dense(model)
     sparse = {"rowwise_adagrad": "adagrad", "adam": "lazy_adam"}.get(optim[2], optim[2])
     fused = FusedTables({"embeddings": model.embeddings}, sparse)
     cfg = OptimConfig(dense="adam", lr=optim[1], sparse=sparse, sparse_lr=optim[3])
@@ -189,9 +184,6 @@ def make_fast(model: nn.Module, args, sizes: list[int], device: torch.device, op
         apply_fp8(model, min_features=16 if args.small else 512, rule="widening" if "fp8w" in options else "all",
                   grad_dtype=E4M3 if "e4m3g" in options else E5M2, rowwise="fp8t" not in options,
                   fast_accum="fp32acc" not in options)
-    if "cross" in options and type(getattr(model, "interaction", None)) is LowRankCrossNet \
-            and FusedCrossNet.suits(model.interaction):
-        replace_module(model, "interaction", FusedCrossNet.from_plain(model.interaction))
     if compile_scope == "head" and hasattr(model, "head"):
         model.head = torch.compile(model.head, mode=args.compile_mode)  # instance attribute: forward finds it
     elif compile_scope:

@@ -15,11 +15,7 @@ copied into before each step), batches of one shape (the train loader drops the 
 `use_graphs` checks this; otherwise the loop keeps its eager step.
 
 `compile_dense` torch.compiles what follows the lookup (`model.head` where the model has one: one
-inductor graph for DCNv2's concatenation, cross layers and deep MLP). `fuse_cross` (off; the
-benchmark's `loop:cross`) first swaps DCNv2's cross layers for
-`ctrflow.embedding.fused.cross.FusedCrossNet` (their elementwise work in Triton product epilogues):
-correct, but 0.5-1.0 ms/step slower than inductor + cuBLAS on an H200 (benchmarks/NOTES.md, "DCNv2,
-session 3"), so `ctrflow train` keeps the plain cross layers.
+inductor graph for DCNv2's concatenation, cross layers and deep MLP).
 """
 
 from __future__ import annotations
@@ -31,8 +27,6 @@ from torch import nn
 
 from ctrflow.config import TrainConfig
 from ctrflow.data.batch import Batch
-from ctrflow.embedding.fused.cross import FusedCrossNet
-from ctrflow.models.layers import LowRankCrossNet
 from ctrflow.train.distributed import Runtime
 from ctrflow.train.optim import Optimizers
 
@@ -52,18 +46,13 @@ def use_compile(config: TrainConfig, runtime: Runtime) -> bool:
     return config.compile != "off" and runtime.device.type == "cuda"
 
 
-def compile_dense(model: nn.Module, mode: str | None = None, fuse_cross: bool = False) -> bool:
+def compile_dense(model: nn.Module, mode: str | None = None) -> bool:
     """Compile, in place, `model.head` (everything after the lookup) where the model has one
-    (DCNv2), its plain cross layers first made a `FusedCrossNet` if `fuse_cross` (module doc; they
-    fall back to the plain code wherever the kernels do not apply); returns whether it compiled.
-    Parameters and state-dict keys stay as they were. Models without a head (DLRM: its fused
-    interaction is already one kernel) keep their eager dense parts: compiling them apart was not
-    measured through the loop."""
+    (DCNv2); returns whether it did. Parameters and state-dict keys stay as they were. Models
+    without a head (DLRM: its fused interaction is already one kernel) keep their eager dense parts:
+    compiling them apart was not measured through the loop."""
     if not callable(getattr(type(model), "head", None)):
         return False
-    cross = getattr(model, "interaction", None)
-    if fuse_cross and type(cross) is LowRankCrossNet and FusedCrossNet.suits(cross):
-        model.interaction = FusedCrossNet.from_plain(model.interaction)
     model.head = torch.compile(model.head, mode=mode)  # instance attribute: forward finds it
     return True
 
