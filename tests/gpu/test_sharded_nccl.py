@@ -59,7 +59,8 @@ def _train(data: Path, out: Path, procs: int, *extra: str, embedding: str = "pla
 def one_gpu(tmp_path_factory):
     """(data dir, per-step losses of one process): the reference every sharding is held to."""
     root = tmp_path_factory.mktemp("nccl")
-    data = write_processed(root / "data", train_rows=256 * 20, valid_rows=256, cardinality=5000)
+    # 257 valid rows: the processes' shares differ by one, so validation pads a batch (fused all-to-alls)
+    data = write_processed(root / "data", train_rows=256 * 20, valid_rows=257, cardinality=5000)
     return data, _train(data, root / "one", 1)
 
 
@@ -98,6 +99,11 @@ def test_torchrun_train_takes_the_fused_path_and_resumes_on_the_cpu(tmp_path, on
                  embedding="auto", stdout=printed)
     assert "2 process(es) on cuda:0; fused tables" in printed[0]
     assert max(abs(a - b) / abs(b) for a, b in zip(two, one)) <= 1e-3, (one, two)
+    # the automatic plan has no row-wise table: DLRM's interaction reads the exchange buffers in place
+    printed.clear()
+    in_place = _train(data, tmp_path / "in_place", 2, *optim, embedding="auto", stdout=printed)
+    assert "fused tables (interaction reads the exchange in place)" in printed[0]
+    assert max(abs(a - b) / abs(b) for a, b in zip(in_place, one)) <= 1e-3, (one, in_place)
     (tmp_path / "two" / "latest").write_text("step_00000010\n")  # resume the 2-GPU run's step 10 ...
     resumed = _train(data, tmp_path / "cpu", 1, *optim, "--resume", str(tmp_path / "two"), embedding="plain",
                      device="cpu")  # ... on one CPU process, plain tables

@@ -93,7 +93,7 @@ def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
     amp = autocast_dtype(config, runtime)
     if config.precision == "fp8":  # autocast_dtype checked the GPU; same parameters, so before the rest
         apply_fp8(model)
-    fused, fused_options = None, None
+    fused, fused_options, in_place = None, None, False
     if fast and not runtime.distributed:  # tables drawn straight into the device buffer, fused
         fused = FusedTables(apply_fused(model, config.optim, runtime.device, amp), config.optim.sparse)
         materialize_tables(model)  # the collections too narrow to fuse (DeepFM's first-order tables)
@@ -105,7 +105,7 @@ def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
     model = parallelize(model, runtime, config.sharding, config.plan, sparse_memory(config.optim), fused_options)
     if fused_options is not None:
         fused = FusedTables(fused_collections(model), config.optim.sparse)
-        read_exchange_layout(model)  # DLRM's interaction reads the all-to-all's buffer: no [b, 26, D] gathers
+        in_place = read_exchange_layout(model)  # DLRM's interaction reads the all-to-all's buffer: no gathers
     optimizers = build_optimizers(model, config.optim, fused)
     if fused is not None and not runtime.distributed and use_compile(config, runtime):
         compile_dense(model)  # same parameters: optimizers and checkpoints see no difference
@@ -127,7 +127,8 @@ def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
     print0(f"ctrflow train: {m.name}, {dense_params:,} dense parameters, {sum(schema.table_sizes()):,} embedding "
            f"rows x {m.embedding_dim}; {len(train_loader.dataset):,} train rows, {epoch_steps} steps/epoch of "
            f"{config.data.batch_size}; {runtime.world_size} process(es) on {runtime.device}; "
-           f"{'fused' if fused else 'plain'} tables, {'bf16 autocast' if amp else 'fp32'}"
+           f"{'fused' if fused else 'plain'} tables{' (interaction reads the exchange in place)' if in_place else ''}, "
+           f"{'bf16 autocast' if amp else 'fp32'}"
            f"{' + fp8 Linear' if config.precision == 'fp8' else ''}")
     return session
 
