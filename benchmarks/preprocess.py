@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     seconds, cpu, stats = min(runs, key=lambda r: r[0])
     parse = min(measure(lambda: time_pyarrow_parse(raw), memory=False) for _ in range(args.repeats))
     started = time.perf_counter()
-    file_digest(raw)  # what schema.json's file digest costs (pieces hashed by threads), beside both passes
+    file_digest(raw)  # schema.json's file digest computed apart (in preprocess the fit workers checksum the pieces)
     digest_seconds = time.perf_counter() - started
     started = time.perf_counter()
     plain_sha256(raw)  # the former digest, one sequential stream: for comparison only

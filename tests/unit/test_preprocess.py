@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ctrflow.cli import main
+from ctrflow.data import output
 from ctrflow.data.output import file_digest
 from ctrflow.data.preprocess import preprocess
 from ctrflow.data.schema import DENSE, SPARSE, Schema
@@ -69,12 +70,14 @@ def test_ids_follow_the_conventions(tmp_path):
     assert Vocabularies.load(out).cardinalities() == schema.cardinalities
     assert schema.rows == {"train": 11, "valid": 4} and schema.freq_threshold == 2
     assert {f["split"] for f in schema.files} == {"train", "valid"}
-    assert all(f["digest"] == file_digest(Path(f["path"])) and f["digest"].startswith("sha256-tree-64MiB:")
+    assert all(f["digest"] == file_digest(Path(f["path"])) and f["digest"].startswith("crc32-tree-1MiB:")
                for f in schema.files)
     assert str(table(out).schema.field("C1").type) == "int32" and str(table(out).schema.field("I1").type) == "float"
+    assert not any(field.nullable for field in table(out).schema)  # Parquet REQUIRED columns: never null
 
 
-def test_output_is_identical_for_any_workers_and_chunk_size(tmp_path):
+def test_output_is_identical_for_any_workers_and_chunk_size(tmp_path, monkeypatch):
+    monkeypatch.setattr(output, "PIECE_BYTES", 4096)  # the input digest's pieces then straddle the blocks
     src = write(tmp_path / "in.tsv", random_rows(2000, seed=1))
     outs = []
     for workers, chunk_rows, budget in [(1, 100_000, 1 << 22), (2, 300, 1 << 22), (2, 97, 500)]:
@@ -87,10 +90,12 @@ def test_output_is_identical_for_any_workers_and_chunk_size(tmp_path):
         for split in ("train", "valid"):
             assert table(out, split).equals(table(reference, split))
         assert Schema.load(out).vocab_hash == Schema.load(reference).vocab_hash
+        assert Schema.load(out).files == Schema.load(reference).files  # the digests the workers made too
         assert Schema.load(out).cardinalities == Schema.load(reference).cardinalities
         assert pq.read_table(out / "vocab" / "C3.parquet").equals(pq.read_table(reference / "vocab" / "C3.parquet"))
     rows = Schema.load(reference).rows
     assert rows["train"] + rows["valid"] == 2000 and 300 < rows["valid"] < 500
+    assert Schema.load(reference).files[0]["digest"] == file_digest(Path(src)) and Path(src).stat().st_size > 10 * 4096
     parts = sorted((outs[1] / "train").glob("part-*.parquet"))
     assert len(parts) > 1
     file_list = (outs[1] / "train" / "_file_list.txt").read_text().split()  # HugeCTR's metadata

@@ -20,14 +20,13 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from ctrflow.data import gpu_read
 from ctrflow.data.criteo import count_lines, line_starts, parse_block, read_block
 from ctrflow.data.engines import _LOG1P_TABLE, LOG1P_TABLE_SIZE, dense_inputs
 from ctrflow.data.gpu_parse import HEX_DIGITS, Tables, hex_values, parse_lines
 from ctrflow.data.gpu_read import Group, GroupReader
+from ctrflow.data.output import write_part
 from ctrflow.data.passes import rows_in_valid
 from ctrflow.data.schema import DENSE, FIRST_ID, LABEL, MISSING_ID, OOV_ID, SPARSE
 from ctrflow.data.vocab import encode_keys, keys_to_strings
@@ -284,14 +283,12 @@ def write_parts(rows: Rows, ids: np.ndarray, label: np.ndarray, dense: np.ndarra
     a, b = rows.ranges[block]
     columns = {LABEL: label[a:b], **{name: dense[j, a:b] for j, name in enumerate(DENSE)},
                **{name: ids[j, a:b] for j, name in enumerate(SPARSE)}}
-    table = pa.table({name: pa.array(values) for name, values in columns.items()})
     written = {}
     for split, part in parts.items():
-        part_rows = table
+        part_rows = columns
         if rows.valid is not None:
-            valid = pa.array(rows.valid[a:b])
-            part_rows = table.filter(valid if split == "valid" else pc.invert(valid))
+            keep = rows.valid[a:b] if split == "valid" else ~rows.valid[a:b]
+            part_rows = {name: values[keep] for name, values in columns.items()}
         out = os.path.join(data_dir, split, f"part-{part:05d}.parquet")
-        pq.write_table(part_rows, out, compression=compression, use_dictionary=False)
-        written[split] = len(part_rows)
+        written[split] = write_part(part_rows, out, compression)
     return written

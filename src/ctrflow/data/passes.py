@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from ctrflow.data.blockcache import CACHE
 from ctrflow.data.counting import SPILL_ENTRIES, Counter
 from ctrflow.data.criteo import Block, count_lines, line_starts, parse_block, plan_blocks, read_block
 from ctrflow.data.engines import CpuEngine, dense_inputs
+from ctrflow.data.output import piece_checksums, write_part
 from ctrflow.data.parallel import worker_index
 from ctrflow.data.schema import DENSE, LABEL, SPARSE
 from ctrflow.data.vocab import Vocabularies, encode_keys
@@ -68,6 +68,7 @@ class FitStage:
     # This worker's share of the in-memory block cache; > 0 only where the transform pass runs on the same
     # workers (`preprocess`). 0: every block on disk.
     memory_bytes: int = 0
+    checksums: bool = False  # report the CRC-32 of the input pieces starting in each plain block (the digest)
     counter: Counter | None = None
 
     def start(self) -> None:
@@ -92,10 +93,13 @@ class FitStage:
 
     def _handle_block(self, block: Block) -> dict:
         """One block's accounting (and problems, with block-relative lines); caches its rows."""
-        begin, data = read_block(Path(self.paths[block.file_index]), block)
+        path = Path(self.paths[block.file_index])
         result = {"file": block.file_index, "lines": 0, "rows": {"train": 0, "valid": 0},
                   "problems": [], "truncated": block.truncated, "tail": b"", "cache": None, "worker": None,
-                  "missing": np.zeros(len(DENSE) + len(SPARSE), dtype=np.int64)}
+                  "missing": np.zeros(len(DENSE) + len(SPARSE), dtype=np.int64), "pieces": None}
+        if self.checksums and block.data is None:  # first touch of the block's pages: the parse finds them mapped
+            result["pieces"] = piece_checksums(path, block.start, block.end)
+        begin, data = read_block(path, block)
         if block.truncated:
             result["tail"], result["lines"] = data, count_lines(data)
             return result
@@ -182,20 +186,19 @@ class TransformStage:
         cached, uniques = CACHE.take(os.path.join(self.data_dir, "cache"), cache_name)
         offsets = json.loads(cached.schema.metadata[b"key_offsets"])
         names = set(cached.column_names)
-        columns = {name: cached.column(name) for name in (LABEL, *DENSE)}
+        columns = {name: cached.column(name).combine_chunks() for name in (LABEL, *DENSE)}
         for j, name in enumerate(SPARSE):
             other = cached.column(f"{name}_other").combine_chunks() if f"{name}_other" in names else None
             codes = cached.column(name).to_numpy()
             ids = self.vocab.columns[name].lookup_codes(codes, uniques[offsets[j]:offsets[j + 1]], other)
             columns[name] = pa.array(ids)
-        table = pa.table(columns)
         written = {}
         for split, part in parts.items():
-            rows = table
+            rows = columns
             if VALID in names:
-                valid = cached.column(VALID)
-                rows = table.filter(valid if split == "valid" else pc.invert(valid))
+                valid = cached.column(VALID).combine_chunks()
+                keep = valid if split == "valid" else pc.invert(valid)
+                rows = {name: values.filter(keep) for name, values in columns.items()}
             out = os.path.join(self.data_dir, split, f"part-{part:05d}.parquet")
-            pq.write_table(rows, out, compression=self.compression, use_dictionary=False)
-            written[split] = len(rows)
+            written[split] = write_part(rows, out, self.compression)
         return written

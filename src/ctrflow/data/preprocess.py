@@ -26,7 +26,7 @@ from ctrflow.data.counting import RANGE_ENTRIES, SPILL_ENTRIES, MergeStage, merg
 from ctrflow.data.criteo import Block, expand_inputs, is_gzip, plan_blocks
 from ctrflow.data.engines import check_engine
 from ctrflow.data.interop import write_hugectr_metadata, write_merlin_schema
-from ctrflow.data.output import FileHasher, check_out_dir, publish
+from ctrflow.data.output import FileHasher, PieceChecksums, check_out_dir, publish
 from ctrflow.data.parallel import WorkerPool, reap
 from ctrflow.data.passes import FitStage, TransformStage, WholeFile
 from ctrflow.data.schema import SPARSE, Schema
@@ -66,11 +66,13 @@ def preprocess(train: Sequence[str], valid: Sequence[str] = (), out: str | os.Pa
     try:
         for sub in ("cache", "runs", "train", "valid"):
             (tmp / sub).mkdir(parents=True)
-        with FileHasher([p for p, _ in files]) as hasher:
+        checksums = PieceChecksums()  # plain files on the cpu engine: checksummed by the fit workers
+        hashed = [p for p, _ in files if engine != "cpu" or is_gzip(p)]
+        with FileHasher(hashed) as hasher:
             stats = _run(files, tmp, freq_threshold, valid_fraction or 0.0, workers, on_bad_rows, seed,
                          chunk_rows, _show_progress(progress), compression, spill_entries, range_entries,
-                         engine, device)
-            file_digests = hasher.result()
+                         engine, device, checksums)
+            file_digests = checksums.digests([p for p, _ in files], dict(zip(map(str, hashed), hasher.result())))
         stats["passes"]["total_seconds"] = round(time.perf_counter() - started, 3)
         schema = write_metadata(tmp, out, files, file_digests, stats, freq_threshold)
         shutil.rmtree(tmp / "cache")
@@ -185,8 +187,10 @@ def _bar(enabled: bool, desc: str, total=None):
 
 def _run(files, tmp: Path, threshold: int, fraction: float, workers: int, on_bad_rows: str, seed: int,
          chunk_rows: int, progress: bool, compression: str, spill_entries: int = SPILL_ENTRIES,
-         range_entries: int = RANGE_ENTRIES, engine: str = "cpu", device: str = "cuda") -> dict:
-    """Both passes; returns stats (with cardinalities and vocab hash for the schema)."""
+         range_entries: int = RANGE_ENTRIES, engine: str = "cpu", device: str = "cuda",
+         checksums: PieceChecksums | None = None) -> dict:
+    """Both passes; returns stats (with cardinalities and vocab hash for the schema). `checksums`:
+    collects the input pieces' CRC-32 from the fit workers (the files' digests)."""
     if engine == "gpu":
         from ctrflow.data.gpu_preprocess import UnsupportedInput, run_gpu
 
@@ -197,12 +201,12 @@ def _run(files, tmp: Path, threshold: int, fraction: float, workers: int, on_bad
             pass
     fit = FitStage([str(p) for p, _ in files], [s for _, s in files], str(tmp / "cache"), fraction, seed,
                    stop_at_bad_row=on_bad_rows == "error", run_dir=str(tmp / "runs"), spill_entries=spill_entries,
-                   memory_bytes=MEMORY_BYTES // workers)
+                   memory_bytes=MEMORY_BYTES // workers, checksums=checksums is not None)
     with WorkerPool(workers) as pool:  # both passes on the same workers: blocks stay in their memory
         t0 = time.perf_counter()
         per_file, warnings = [file_stats(p, s) for p, s in files], []
         records, finals = fit_pass(fit, list(enumerate(files)), tmp, workers, chunk_rows, progress, per_file,
-                                   warnings, pool)
+                                   warnings, pool, checksums)
         t1 = time.perf_counter()
         tables, distinct = build_vocabulary(finals, threshold, workers, range_entries, pool=pool)
         t2 = time.perf_counter()
@@ -217,10 +221,12 @@ def _run(files, tmp: Path, threshold: int, fraction: float, workers: int, on_bad
 
 
 def fit_pass(fit: FitStage, files: list[tuple[int, tuple[Path, str]]], tmp: Path, workers: int, chunk_rows: int,
-             progress: bool, per_file, warnings, pool: WorkerPool | None = None):
+             progress: bool, per_file, warnings, pool: WorkerPool | None = None,
+             checksums: PieceChecksums | None = None):
     """Pass 1 over every block of `files` ((file index, (path, split)) pairs), in order: (per-block records,
     each worker's counts). `per_file` (indexed by file index) gets each file's row accounting. `pool`:
-    workers to run it on (and to keep for the transform pass), else a pool of `workers` for this pass."""
+    workers to run it on (and to keep for the transform pass), else a pool of `workers` for this pass.
+    `checksums` gets the input pieces' CRC-32 the blocks report."""
     records, by_index = [], dict(files)
     rejected = None if fit.stop_at_bad_row else open(tmp / "rejected.tsv", "w", encoding="utf-8")
     try:
@@ -229,6 +235,8 @@ def fit_pass(fit: FitStage, files: list[tuple[int, tuple[Path, str]]], tmp: Path
         with _own_pool(pool, workers) as pool, _bar(progress, "fit") as bar:
             for result in (r for results in pool.run(fit, _tasks(files, chunk_rows, workers)) for r in results):
                 account_block(result, by_index, per_file, rejected, warnings)
+                if checksums is not None and result.get("pieces") is not None:
+                    checksums.add(result["file"], *result["pieces"])
                 records.append({k: result[k] for k in ("cache", "rows", "missing", "worker")})  # no raw lines
                 bar.update(result["lines"])
             finals = pool.finish()
