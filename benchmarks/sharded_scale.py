@@ -12,8 +12,11 @@ update-in-backward behind the all-to-alls), `FusedDotInteraction`, aligned and c
 as the one-GPU fast path, the step started by the tables' lookups and exchanges (`forward_in_chunks`; the
 bottom MLP runs under the all-to-all) and DLRM's interaction reading the exchange buffers in place
 (`--no-in-place` gathers [b, 26, D] first; `--chunks N` splits the step into micro-batches, measured
-slower on 4 H200s); `plain`: `ShardedEmbeddingCollection` with sparse gradients and
-`SparseOptimizer`. Tables are initialised on their devices shard by shard, so no host ever holds a
+slower on 4 H200s); each step also routes the next step's ids (`--route-ahead`) and sorts its rows for
+the update and zeroes the replicas' sums in forward (`--work-ahead`); with `--graph` the dense gradients'
+all-reduce has its own communicator (`--dense-comm`); `--profile DIR` writes per-kernel GPU times of
+graph replays and the ATen ops (with shapes) of one eager step. `plain`: `ShardedEmbeddingCollection`
+with sparse gradients and `SparseOptimizer`. Tables are initialised on their devices shard by shard, so no host ever holds a
 whole table. A plan that does not fit the GPUs' free memory is reported (`"fits": false`) instead
 of trained. Rank 0 prints the plan to stderr and one JSON line: plan, memory per GPU, samples/s,
 world size. Imports only torch and ctrflow.
@@ -83,6 +86,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--in-place", action=argparse.BooleanOptionalAction, default=True,
                    help="fused path, no row-wise tables: the interaction reads the exchange buffers in place "
                         "(no gather into [b, 26, D] forward, none out of it backward; default)")
+    p.add_argument("--route-ahead", action=argparse.BooleanOptionalAction, default=True,
+                   help="fused path, no row-wise tables: each step's ids all-to-all runs during the step before")
+    p.add_argument("--work-ahead", action=argparse.BooleanOptionalAction, default=True,
+                   help="fused path: sort the step's rows for the update and zero the replicas' sums in forward")
+    p.add_argument("--dense-comm", default="own", choices=("shared", "own"),
+                   help="--graph: the dense gradients' all-reduce on the default communicator (shared) or on "
+                        "its own (own, beside the replicated tables' all-reduce)")
     p.add_argument("--profile", default="", help="folder: rank 0 writes a per-kernel GPU time table of 3 steps")
     args = p.parse_args(argv)
     if args.embedding == "auto":
@@ -156,6 +166,7 @@ def build_fused(args, runtime, tables, plan, model, group):
         tables, plan, group, runtime.device, optimizer=FUSED_RULES[args.optimizer], lr=args.lr,
         output_dtype=torch.bfloat16 if bf16 else torch.float32, seed=args.seed, check=False,
         overlap=not args.no_overlap)
+    model.embeddings.work_ahead = args.work_ahead
     replace_module(model, "interaction", FusedDotInteraction.from_plain(model.interaction))
     args.in_place = args.in_place and read_exchange_layout(model)
     align_linear_inputs(model)
@@ -168,39 +179,62 @@ def build_fused(args, runtime, tables, plan, model, group):
     return model, torch.optim.SGD(model.parameters(), lr=args.lr), None
 
 
-def make_step(args, runtime, model, optimizers):
-    """One training step (loss on the device); with `--graph` the dense gradients are averaged by one
-    all-reduce of their concatenation (DDP is off), started before the fused tables' update (which
-    then runs beside it), and the whole step is replayed as a CUDA graph."""
-    cuda = runtime.device.type == "cuda"
-    dense = [p for p in model.parameters() if p.requires_grad]
-    tables = model.embeddings if isinstance(model.embeddings, FusedShardedEmbeddingCollection) else None
-    if args.graph and runtime.distributed and tables is not None:
-        tables.update_in_backward = False
+class DenseAverage:
+    """`--graph`'s average of the dense gradients over ranks (DDP is off): one all-reduce of their
+    concatenation after backward. `comm` "shared": on the default communicator (queued behind the
+    replicated tables' all-reduce); "own": on a communicator of its own (beside it). (Starting the
+    top MLP's part from a gradient hook during backward failed under CUDA-graph capture: call 10.)"""
 
-    def step(dense_x, ids, labels):
+    def __init__(self, model, world: int, comm: str):
+        self.world, self.work, self.flat = world, None, None
+        self.group = dist.new_group(list(range(world))) if comm != "shared" else None
+        self.params = [p for p in model.parameters() if p.requires_grad]
+
+    def start(self) -> None:
+        """Start the all-reduce of the parameters' gradients."""
+        self.flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+        self.work = dist.all_reduce(self.flat, group=self.group, async_op=True)
+
+    def finish(self) -> None:
+        """Wait for it and write the averages into the parameters' `.grad`."""
+        self.work.wait()
+        grads = [p.grad for p in self.params]
+        torch._foreach_copy_(grads, [f.view_as(g) for f, g in zip(self.flat.div_(self.world).split(
+            [g.numel() for g in grads]), grads)])
+
+
+def make_step(args, runtime, model, optimizers):
+    """One training step (loss on the device); with `--graph` the dense gradients are averaged by
+    one all-reduce of their concatenation (`DenseAverage`), started before the fused tables' update
+    (which then runs beside it), and the whole step is replayed as a CUDA graph. `next_ids`:
+    the next step's ids (`--route-ahead`)."""
+    cuda = runtime.device.type == "cuda"
+    tables = model.embeddings if isinstance(model.embeddings, FusedShardedEmbeddingCollection) else None
+    average = None
+    if args.graph and runtime.distributed:
+        average = DenseAverage(model, runtime.world_size, args.dense_comm)
+        if tables is not None:
+            tables.update_in_backward = False
+
+    def step(dense_x, ids, labels, next_ids=None):
         for opt in optimizers:
             if opt is not None:
                 opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda and args.precision == "bf16"):
-            logits = forward_in_chunks(model, dense_x, ids, args.chunks)
+            logits = forward_in_chunks(model, dense_x, ids, args.chunks, next_ids)
         loss = F.binary_cross_entropy_with_logits(logits.float(), labels)
         loss.backward()
-        if args.graph and runtime.distributed:
-            grads = [p.grad for p in dense]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            work = dist.all_reduce(flat, async_op=True)
+        if average is not None:
+            average.start()
             if tables is not None:
                 tables.flush()
-            work.wait()
-            torch._foreach_copy_(grads, [f.view_as(g) for f, g in zip(flat.div_(runtime.world_size).split(
-                [g.numel() for g in grads]), grads)])
+            average.finish()
         for opt in optimizers:
             if opt is not None:
                 opt.step()
         return loss.detach()
 
-    return capture(step) if args.graph and cuda else step
+    return step
 
 
 def capture(step):
@@ -214,8 +248,8 @@ def capture(step):
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                for _ in range(3):
-                    step(*static)
+                for _ in range(3):  # next ids = these ids: the routing left for the capture is theirs
+                    step(*static[:3], *static[1:2] * (len(static) - 3))
             torch.cuda.current_stream().wait_stream(side)
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # NCCL's watchdog thread runs on
                 held["loss"] = step(*static)
@@ -227,25 +261,44 @@ def capture(step):
     return run
 
 
-def train(args, runtime, step, batches) -> float:
-    """Seconds per step over `args.steps` after `args.warmup` steps."""
+def train(args, runtime, step, batches, first: int = 0) -> float:
+    """Seconds per step over `args.steps` after `args.warmup` steps, from batch `first` on (with
+    `--route-ahead` each step is also handed the next step's ids)."""
     cuda = runtime.device.type == "cuda"
-    for i in range(args.warmup + args.steps):
-        if i == args.warmup:
+    ahead = args.route_ahead and args.embedding == "fused"
+    for i in range(first, first + args.warmup + args.steps):
+        if i == first + args.warmup:
             if cuda:
                 torch.cuda.synchronize()  # timing starts with an idle device
             start = time.perf_counter()
-        step(*batches[i % len(batches)])
+        nxt = (batches[(i + 1) % len(batches)][1],) if ahead else ()
+        step(*batches[i % len(batches)], *nxt)
     if cuda:
         torch.cuda.synchronize()
     return (time.perf_counter() - start) / max(args.steps, 1)
+
+
+def profile_ops(args, runtime, step, batches) -> None:
+    """Rank 0 writes the ATen ops of one eager step (after two), by input shape with their GPU time:
+    what the kernels of a graph replay's profile came from (every rank steps)."""
+    ahead = args.route_ahead and args.embedding == "fused"
+    run = lambda i: step(*batches[i % 4], *((batches[(i + 1) % 4][1],) if ahead else ()))  # noqa: E731
+    run(0), run(1)
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+        run(2)
+        torch.cuda.synchronize()
+    if runtime.is_main:
+        with open(f"{args.profile}/ops-{args.embedding}-n{runtime.world_size}.txt", "w") as f:
+            f.write(prof.key_averages(group_by_input_shape=True).table(
+                sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=40, max_shapes_column_width=70))
 
 
 def profile(args, runtime, step, batches) -> None:
     """Three more steps under the profiler; rank 0 writes the per-kernel table (every rank steps)."""
     steps = argparse.Namespace(**{**vars(args), "warmup": 0, "steps": 3})
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        train(steps, runtime, step, batches)
+        train(steps, runtime, step, batches, first=args.warmup + args.steps)
     if runtime.is_main:
         with open(f"{args.profile}/sharded-{args.embedding}-n{runtime.world_size}.txt", "w") as f:
             f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=45, max_name_column_width=70))
@@ -289,6 +342,8 @@ def main(argv: list[str] | None = None) -> dict:
     record["replicate_mib"] = replicate / 2**20
     if args.embedding == "fused":
         record.update(large=large, overlap=not args.no_overlap, graph=args.graph, chunks=args.chunks,
+                      route_ahead=args.route_ahead, work_ahead=args.work_ahead,
+                      dense_comm=args.dense_comm if args.graph else "ddp",
                       compiled=runtime.device.type == "cuda" and not args.no_compile)
     try:
         plan = plan_sharding(tables, runtime.world_size, args.sharding, budget, memory_of,
@@ -301,6 +356,10 @@ def main(argv: list[str] | None = None) -> dict:
     model, dense_opt, sparse_opt = build(args, runtime, tables, plan)
     batches = synthetic_batches(tables, args.batch_size, 4, runtime.device, args.seed + runtime.rank, args.ids)
     step = make_step(args, runtime, model, (dense_opt, sparse_opt))
+    if args.profile and runtime.device.type == "cuda":
+        profile_ops(args, runtime, step, batches)
+    if args.graph and runtime.device.type == "cuda":
+        step = capture(step)
     seconds = train(args, runtime, step, batches)
     if args.profile and runtime.device.type == "cuda":
         profile(args, runtime, step, batches)

@@ -2,8 +2,8 @@
 `torchrun ... -m ctrflow train --device cuda` on 2 (and 4) GPUs logs the losses of 1 GPU for every
 sharding (plain tables, fp32). The fused sharded collection (Triton kernels behind the all-to-all)
 equals the fused one-process collection on the global batch (also as prefetched micro-batches with
-one update per step), DLRM's micro-batched and in-place-layout steps (the interaction's MAPPED
-kernels) equal its plain step, and `ctrflow train` under torchrun takes the fused path by default,
+one update per step), DLRM's micro-batched, in-place-layout (the interaction's MAPPED kernels) and
+routed-ahead steps equal its plain step, and `ctrflow train` under torchrun takes the fused path by default,
 logs the losses of one fused GPU, and its checkpoint resumes on one CPU."""
 
 from __future__ import annotations

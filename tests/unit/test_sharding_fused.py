@@ -93,10 +93,11 @@ def compare(spec, optimizer, rank, world, device, dim=4, batch=16, steps=4, scal
             "plan": [tp.sharding for tp in plan.tables.values()]}
 
 
-def train_dlrm(rank, world, device, dim, chunks, in_place, deferred=False, steps=3, batch=24):
+def train_dlrm(rank, world, device, dim, chunks, in_place, deferred=False, steps=3, batch=24, ahead=False):
     """DLRM with fused sharded tables (two whole, the rest replicated), Adam, `steps` steps on this
     rank's slice of each batch: (last logits, whole tables). Dense weights stay put. `deferred`:
-    the tables update at an explicit `flush()` after backward instead of inside it."""
+    the tables update at an explicit `flush()` after backward instead of inside it; `ahead`: each
+    step routes the next step's ids (`next_ids`)."""
     from ctrflow.embedding.fused.interaction import FusedDotInteraction
     from ctrflow.embedding.fused.sharded_model import forward_in_chunks, read_exchange_layout
     from ctrflow.models import build_model, replace_module
@@ -112,11 +113,15 @@ def train_dlrm(rank, world, device, dim, chunks, in_place, deferred=False, steps
     if in_place:
         assert read_exchange_layout(model)
     model.embeddings.update_in_backward = not deferred
+    batches = []
     for _ in range(steps):
         dense = torch.rand(batch * world, 13, generator=gen)[rank * batch:(rank + 1) * batch].to(device)
         ids = torch.stack([torch.randint(0, n, (batch * world,), generator=gen) for n in sizes], 1)
         labels = torch.randint(0, 2, (batch * world,), generator=gen).float()
-        logits = forward_in_chunks(model, dense, ids[rank * batch:(rank + 1) * batch].to(device), chunks)
+        batches.append((dense, ids[rank * batch:(rank + 1) * batch].to(device), labels))
+    for i, (dense, ids, labels) in enumerate(batches):
+        next_ids = batches[i + 1][1] if ahead and i + 1 < steps else None
+        logits = forward_in_chunks(model, dense, ids, chunks, next_ids)
         torch.nn.functional.binary_cross_entropy_with_logits(logits, labels[rank * batch:(rank + 1) * batch]
                                                              .to(device)).backward()
         if deferred:
@@ -125,11 +130,12 @@ def train_dlrm(rank, world, device, dim, chunks, in_place, deferred=False, steps
 
 
 def compare_dlrm(rank, world, device, dim) -> dict:
-    """Max differences of micro-batched and in-place-layout DLRM steps against the plain step."""
+    """Max differences of micro-batched, in-place-layout and routed-ahead DLRM steps against the plain step."""
     ref_out, ref_weights = train_dlrm(rank, world, device, dim, 1, False)
     out, weights = 0.0, 0.0
-    for chunks, in_place, deferred in ((3, False, False), (3, True, False), (1, True, True)):
-        got_out, got_weights = train_dlrm(rank, world, device, dim, chunks, in_place, deferred)
+    for chunks, in_place, deferred, ahead in ((3, False, False, False), (3, True, False, False),
+                                              (1, True, True, False), (1, True, True, True), (1, False, False, True)):
+        got_out, got_weights = train_dlrm(rank, world, device, dim, chunks, in_place, deferred, ahead=ahead)
         out = max(out, float((got_out - ref_out).abs().max()))
         weights = max(weights, _diff(got_weights, ref_weights))
     return {"out": out, "loss": 0.0, "weights": weights, "state": 0.0}
@@ -183,7 +189,7 @@ def test_replicated_gradient_counts_every_touch_of_a_large_table():
 
 
 def test_dlrm_step_in_chunks_equals_the_whole_batch_step():
-    """One process: micro-batches (one update for all) and the interaction reading the exchange
-    buffers in place train DLRM as the whole batch does."""
+    """One process: micro-batches (one update for all), the interaction reading the exchange
+    buffers in place and the next step's ids routed ahead train DLRM as the whole batch does."""
     r = compare_dlrm(0, 1, torch.device("cpu"), dim=8)
     assert r["out"] < 1e-6 and r["weights"] < 1e-6, r

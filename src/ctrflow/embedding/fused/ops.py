@@ -64,19 +64,34 @@ def lookup(ids: torch.Tensor, offsets: torch.Tensor, weight: torch.Tensor, out_d
     return out
 
 
+def sort_rows(rows: torch.Tensor, num_rows: int) -> tuple:
+    """What the GPU update derives from the ids alone, rows [N] of a buffer of `num_rows` rows: (the
+    sorted rows, their positions, each position's distinct-row number, the distinct count [1] on the
+    device); computed ahead (e.g. while an exchange travels) and handed to `update_rows`."""
+    # int32 keys sort in half the passes of int64 ones
+    keys = rows.to(torch.int32) if num_rows < 2**31 else rows
+    sorted_rows, order = torch.sort(keys)
+    is_new = torch.ones_like(sorted_rows, dtype=torch.int32)
+    is_new[1:] = sorted_rows[1:] != sorted_rows[:-1]
+    slot = torch.cumsum(is_new, 0, dtype=torch.int32) - 1  # [N] index of each position's distinct row
+    return sorted_rows, order, slot, slot[-1:] + 1
+
+
 def update_rows(ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor, weight: torch.Tensor,
-                state: RowState, scratch: dict, pre_reduce: bool = True, grad_scale: float = 1.0) -> None:
+                state: RowState, scratch: dict, pre_reduce: bool = True, grad_scale: float = 1.0,
+                presorted: tuple | None = None) -> None:
     """Apply one optimizer step to the rows of `weight` that `ids` [B, F] touched, given grad [B, F, D]
     times `grad_scale`.
 
     Repeated rows are summed first (as a sparse gradient would be), then stepped once.
     `scratch` keeps the fp32 sum buffer between calls (the update kernel leaves it zeroed).
+    `presorted`: `sort_rows` of these ids' rows, done earlier (used by the GPU kernels).
     """
     rows = (ids + offsets).reshape(-1)
     if state.optimizer == "adam":
         state.hyper[1].add_(1.0)
     if uses_kernels(weight):
-        _update_rows_triton(rows, ids.shape[1], grad, weight, state, scratch, pre_reduce, grad_scale)
+        _update_rows_triton(rows, ids.shape[1], grad, weight, state, scratch, pre_reduce, grad_scale, presorted)
         return
     unique, inverse = torch.unique(rows, return_inverse=True)
     summed = torch.zeros(unique.numel(), weight.shape[1], dtype=torch.float32, device=grad.device)
@@ -87,21 +102,17 @@ def update_rows(ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor, we
 
 
 def _update_rows_triton(rows: torch.Tensor, features: int, grad3: torch.Tensor, weight: torch.Tensor,
-                        state: RowState, scratch: dict, pre_reduce: bool, grad_scale: float = 1.0) -> None:
+                        state: RowState, scratch: dict, pre_reduce: bool, grad_scale: float = 1.0,
+                        presorted: tuple | None = None) -> None:
     """`update_rows` on the GPU: rows [N] (global), grad3 [B, F, D], maybe a strided view (a slice
     of the interaction's input gradient). Sort, number the distinct rows, two kernels (one for SGD)."""
     dim = weight.shape[1]
-    # int32 keys sort in half the passes of int64 ones
-    keys = rows.to(torch.int32) if weight.shape[0] < 2**31 else rows
-    sorted_rows, order = torch.sort(keys)
-    is_new = torch.ones_like(sorted_rows, dtype=torch.int32)
-    is_new[1:] = sorted_rows[1:] != sorted_rows[:-1]
-    slot = torch.cumsum(is_new, 0, dtype=torch.int32) - 1  # [N] index of each position's distinct row
-    count = slot[-1:] + 1  # number of distinct rows, left on the device
+    sorted_rows, order, slot, count = presorted if presorted is not None else sort_rows(rows, weight.shape[0])
     n_items = rows.numel()
     direct = pre_reduce and state.optimizer == "sgd" and weight.dtype == torch.float32
     acc = weight if direct else scratch.get("acc")  # direct SGD needs no sum buffer
-    if acc is None or acc.shape[0] < n_items or acc.shape[1] != dim or acc.device != weight.device:
+    # (not even when `weight` has fewer rows than items: a replica's sums took a 604 MB zero fill a step)
+    if not direct and (acc is None or acc.shape[0] < n_items or acc.shape[1] != dim or acc.device != weight.device):
         acc = scratch["acc"] = torch.zeros(n_items, dim, dtype=torch.float32, device=weight.device)
     unique_rows = torch.empty(n_items, dtype=torch.int64, device=weight.device)
     block_d = triton.next_power_of_2(dim)

@@ -8,6 +8,7 @@ so what a rank receives from each source is its local shards' ids in a fixed ord
 lookup of all of them (each id plus its local table's offset in the one buffer) returns the
 embeddings in exactly the order they go back. Table-wise plans have static split sizes (no host
 sync); row-wise shards need their counts exchanged first (one device-to-host read per step).
+Static plans can route the next step's ids during this step (`start_route` / `finish_route`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ctrflow.embedding.comm import exchange
+from ctrflow.embedding.comm import exchange, exchange_async
 from ctrflow.embedding.plan import ShardingPlan
 from ctrflow.embedding.tables import TableConfig
 
@@ -90,6 +91,32 @@ def route(ids: torch.Tensor, layout: Layout, local_offsets: torch.Tensor | None,
         return Route(b, got, send, recv, orders, row_counts)
     offsets = _item_offsets(b, mine, local_offsets, recv_counts, layout.static, cache)
     return Route(b, got + offsets, send, recv, orders, row_counts)
+
+
+def start_route(ids: torch.Tensor, layout: Layout, group, tab_index: list[torch.Tensor]) -> tuple:
+    """`route`'s ids all-to-all for a static layout (no row-wise shards: sizes follow from the
+    batch size), started asynchronously: (route whose `rows` are the received ids, its work or None);
+    `finish_route` makes them local rows."""
+    b = ids.shape[0]
+    parts = [ids.index_select(1, tab_index[d]).reshape(-1) for d in range(layout.world) if layout.tab[d]]
+    send = [b * len(layout.tab[d]) for d in range(layout.world)]
+    recv = [b * len(layout.tab[layout.rank])] * layout.world
+    flat = torch.cat(parts) if parts else ids.new_empty(0)
+    got, work = exchange_async(flat, recv, send, group)
+    return Route(b, got, send, recv, {}, [[] for _ in range(layout.world)]), work
+
+
+def finish_route(r: Route, work, layout: Layout, local_offsets: torch.Tensor | None, cache: dict,
+                 out: torch.Tensor) -> Route:
+    """`start_route`'s route once its exchange is waited for, with local rows written into `out`."""
+    if work is not None:
+        work.wait()
+    if local_offsets is None:  # this rank holds no shard: nothing arrives
+        return r
+    mine = len(layout.tab[layout.rank])
+    offsets = _item_offsets(r.batch, mine, local_offsets, [[] for _ in range(layout.world)], True, cache)
+    torch.add(r.rows, offsets, out=out)
+    return Route(r.batch, out, r.send, r.recv, r.row_orders, r.row_counts)
 
 
 def _sort_row_features(ids: torch.Tensor, layout: Layout, cache: dict) -> tuple[dict, dict, torch.Tensor | None]:

@@ -13,7 +13,9 @@ With several ranks the backward only starts its exchanges (asynchronous) and the
 the end of the backward pass (an autograd callback; or the caller's `flush()` with
 `update_in_backward = False`), so the all-to-all overlaps the rest of the backward (bottom MLP,
 DDP's all-reduce); `flush()` also runs before the next lookup. `prefetch(chunks)` starts a step's
-lookups and exchanges ahead of its forwards (micro-batches whose gradients still make ONE update),
+lookups and exchanges ahead of its forwards (micro-batches whose gradients still make ONE update;
+`next_ids`: the next step's ids all-to-all runs during this one; `work_ahead`: the update's sorts and
+the replicas' zeroed sums are done in forward, while the exchange travels),
 and `raw_output` hands the exchange buffer itself to a reader that knows `exchange_rows()`
 (`sharded_model.py`: DLRM's fused interaction).
 """
@@ -29,7 +31,8 @@ from ctrflow.embedding.comm import exchange_async, group_size
 from ctrflow.embedding.fused import ops
 from ctrflow.embedding.fused.collection import FusedEmbeddingCollection
 from ctrflow.embedding.fused.replicas import apply_replicated, needs_counts, replicated_grad
-from ctrflow.embedding.fused.routing import Layout, Route, pack_index, place_index, route
+from ctrflow.embedding.fused.routing import (Layout, Route, finish_route, pack_index, place_index, route,
+                                             start_route)
 from ctrflow.embedding.plan import ShardingPlan
 from ctrflow.embedding.sharded import gather_whole
 from ctrflow.embedding.tables import TableConfig, check_ids
@@ -40,7 +43,7 @@ class _ShardedLookup(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, ids, anchor, coll):
-        out, saved = coll.lookup(ids)
+        out, saved = coll.lookup(ids, anchor.requires_grad)
         ctx.coll, ctx.saved = coll, saved
         return out
 
@@ -88,10 +91,15 @@ class FusedShardedEmbeddingCollection(nn.Module):
         self.model_parallel = any(lay.tab) or bool(lay.row_feats)
         self.pending: list[dict] = []  # steps whose backward exchanges started, update not applied
         self.ready: list[dict] = []  # prefetched chunks whose forward has not run
+        self.ahead = None  # (route, work): the next step's ids all-to-all, started during this step
+        self.next_route: Route | None = None  # its result, taken by the next `prefetch`
         self.raw_output = False  # return the exchange's buffer as is (`read_exchange_layout`)
         # False: backward only starts the exchanges; the caller's flush() (or the next lookup) updates,
         # e.g. after starting its own all-reduce of the dense gradients, which then overlaps the update
         self.update_in_backward = True
+        # forward also does what backward needs from the ids alone, while the exchange travels: the
+        # update's sorts of the step's rows and the zeroing of the replicas' gradient sums
+        self.work_ahead = True
         self.cache: dict = {}
 
     @classmethod
@@ -108,6 +116,7 @@ class FusedShardedEmbeddingCollection(nn.Module):
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
         self.cache.clear()
+        self.ahead = self.next_route = None
         return self
 
     @property
@@ -129,14 +138,20 @@ class FusedShardedEmbeddingCollection(nn.Module):
         anchor = ids.new_empty(0, dtype=torch.float32).requires_grad_(torch.is_grad_enabled())
         return _ShardedLookup.apply(ids, anchor, self)
 
-    def prefetch(self, chunks: list[torch.Tensor]) -> None:
+    def prefetch(self, chunks: list[torch.Tensor], next_ids: torch.Tensor | None = None) -> None:
         """Start one step's lookups and embedding exchanges for its micro-batches `chunks` (ids [b_c, F]
         each), all before any of their dense compute, so chunk c+1's exchange runs under chunk c's
         dense layers; `forward(chunks[c])` must follow for each c, in order. Their gradients are
-        summed into ONE optimizer update (exact for every optimizer: the step of the whole batch)."""
+        summed into ONE optimizer update (exact for every optimizer: the step of the whole batch).
+        `next_ids` (static plans, one chunk): the ids of the NEXT step, whose all-to-all then runs
+        during this step (finished by `flush()`); the next `prefetch` takes that routing instead of
+        exchanging its own ids, so its ids must equal `next_ids`."""
         self.flush()  # the last backward's update lands before these lookups
         lay, dim = self.layout, self.embedding_dim
-        if self.model_parallel:
+        ahead, self.next_route = self.next_route, None
+        if self.model_parallel and ahead is not None and len(chunks) == 1 and ahead.batch == chunks[0].shape[0]:
+            routes = [ahead]
+        elif self.model_parallel:
             offsets = self.local.offsets if self.local is not None else None
             routes = [route(ids, lay, offsets, self.group, self.cache, self._tab_indices()) for ids in chunks]
         else:
@@ -147,7 +162,7 @@ class FusedShardedEmbeddingCollection(nn.Module):
             bounds.append(bounds[-1] + r.rows.numel())
         rows = routes[0].rows if len(routes) == 1 else torch.cat([r.rows for r in routes])
         step = {"rows": rows, "bounds": bounds, "chunks": len(chunks), "arrived": 0, "works": [], "grad": None,
-                "rep_acc": None, "rep_work": None}
+                "rep_acc": None, "rep_work": None, "sorted": None, "rep_sorted": [None] * len(chunks)}
         if self.local is not None and rows.numel():  # one gather for every chunk's received ids
             emb = ops.lookup(rows.view(-1, 1), self.zero_offset, self.local.weight, self.output_dtype).view(-1, dim)
         else:
@@ -156,8 +171,17 @@ class FusedShardedEmbeddingCollection(nn.Module):
         for entry in self.ready:  # while the embeddings travel
             b = entry["ids"].shape[0]
             if self.replica is not None and b:
-                ops.lookup(entry["ids"].index_select(1, self.rep_index), self.replica.offsets, self.replica.weight,
+                rep_ids = entry["ids"].index_select(1, self.rep_index)
+                ops.lookup(rep_ids, self.replica.offsets, self.replica.weight,
                            self.output_dtype, out=entry["src"][entry["n_back"]:].view(b, len(lay.rep), dim))
+                if self._sort_ahead():
+                    step["rep_sorted"][entry["chunk"]] = ops.sort_rows(
+                        (rep_ids + self.replica.offsets).reshape(-1), self.replica.weight.shape[0])
+        if self._sort_ahead() and self.local is not None and rows.numel():
+            step["sorted"] = ops.sort_rows(rows, self.local.weight.shape[0])
+        if next_ids is not None and self.model_parallel and lay.static and len(chunks) == 1:
+            # queued behind this step's exchanges; waited for at the end of the step
+            self.ahead = start_route(next_ids, lay, self.group, self._tab_indices())
 
     def _start_exchange(self, ids: torch.Tensor, r: Route, emb, step: dict, c: int) -> dict:
         """Chunk c's returned embeddings, started into the head of its source buffer (whose tail
@@ -171,8 +195,9 @@ class FusedShardedEmbeddingCollection(nn.Module):
             _, work = exchange_async(piece, r.send, r.recv, self.group, out=src[:n_back])
         return {"ids": ids, "route": r, "src": src, "work": work, "n_back": n_back, "step": step, "chunk": c}
 
-    def lookup(self, ids: torch.Tensor) -> tuple[torch.Tensor, tuple]:
-        """The forward of one (micro-)batch; returns the output and what backward needs.
+    def lookup(self, ids: torch.Tensor, train: bool = True) -> tuple[torch.Tensor, tuple]:
+        """The forward of one (micro-)batch; returns the output and what backward needs (`train`:
+        a backward will follow).
 
         The returned embeddings and the replicated lookups land in one source buffer, and one
         gather (`place_index`) writes [b, F, D] from it: no per-feature copies (none at all with
@@ -180,6 +205,9 @@ class FusedShardedEmbeddingCollection(nn.Module):
         if not self.ready or self.ready[0]["ids"] is not ids:
             self.prefetch([ids])
         entry = self.ready.pop(0)
+        if train and self.work_ahead and self.replica is not None and entry["chunk"] == 0:
+            # the step's replica gradient sums: zeroed while the exchange still travels, not in backward
+            entry["step"]["rep_acc"] = self._replica_sums()
         if entry["work"] is not None:
             entry["work"].wait()
         r = entry["route"]
@@ -235,7 +263,8 @@ class FusedShardedEmbeddingCollection(nn.Module):
             rep = self.replica
             step["rep_acc"] = replicated_grad(ids.index_select(1, self.rep_index), rep.offsets,
                                               packed[n_send:].view(b, len(lay.rep), dim), rep.weight.shape[0],
-                                              self.cache, counts=needs_counts(rep), out=step["rep_acc"])
+                                              self.cache, counts=needs_counts(rep), out=step["rep_acc"],
+                                              presorted=step["rep_sorted"][c])
         step["arrived"] += 1
         if step["arrived"] < step["chunks"]:
             return  # the last chunk's backward queues the update
@@ -254,11 +283,33 @@ class FusedShardedEmbeddingCollection(nn.Module):
     def _tab_indices(self) -> list[torch.Tensor]:
         return [getattr(self, f"tab_index_{d}") for d in range(self.world_size)]
 
+    def _sort_ahead(self) -> bool:
+        """Whether to sort the step's rows for the update in forward, while the exchange travels (a
+        training step on the GPU kernels; `prefetch` runs in the caller's grad mode)."""
+        return self.work_ahead and torch.is_grad_enabled() and ops.uses_kernels((self.local or self.replica).weight)
+
+    def _replica_sums(self) -> torch.Tensor:
+        """The zeroed [rows * (D + 1)] fp32 buffer of `replicated_grad` (one, reused every step)."""
+        buf = self.cache.get("rep_acc")
+        if buf is None:
+            rows = self.replica.weight.shape[0]
+            buf = self.cache["rep_acc"] = torch.empty(rows * (self.embedding_dim + 1), dtype=torch.float32,
+                                                      device=self.local_device())
+        return buf.zero_()
+
     def flush(self) -> None:
-        """Apply the pending update of the last backward (waits for its exchanges); no-op if none."""
+        """Apply the pending update of the last backward (waits for its exchanges), then finish the
+        next step's routing if `prefetch(next_ids=...)` started it; no-op if neither."""
         pending, self.pending = self.pending, []
         for step in pending:
             self._apply_update(step)
+        if self.ahead is not None:  # after the update: its rows buffer is the one written here
+            (r, work), self.ahead = self.ahead, None
+            out = self.cache.get(("ahead", r.rows.numel()))
+            if out is None:
+                out = self.cache["ahead", r.rows.numel()] = torch.empty_like(r.rows)
+            offsets = self.local.offsets if self.local is not None else None
+            self.next_route = finish_route(r, work, self.layout, offsets, self.cache, out)
 
     def _apply_update(self, step: dict) -> None:
         """One optimizer step from every chunk's gradients: owned rows (while the replicas'
@@ -270,7 +321,8 @@ class FusedShardedEmbeddingCollection(nn.Module):
             local = self.local
             ops.update_rows(step["rows"].view(-1, 1), self.zero_offset,
                             step["grad"].view(-1, 1, self.embedding_dim), local.weight, local.row_state,
-                            local.scratch, local.pre_reduce, grad_scale=1.0 / self.world_size)
+                            local.scratch, local.pre_reduce, grad_scale=1.0 / self.world_size,
+                            presorted=step["sorted"])
         if step["rep_work"] is not None:
             step["rep_work"].wait()
         if step["rep_acc"] is not None:

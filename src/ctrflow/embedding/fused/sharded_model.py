@@ -12,17 +12,19 @@ from ctrflow.embedding.fused.interaction import FusedDotInteraction
 from ctrflow.embedding.fused.sharded import FusedShardedEmbeddingCollection
 
 
-def forward_in_chunks(model: nn.Module, dense: torch.Tensor, ids: torch.Tensor, chunks: int = 1) -> torch.Tensor:
+def forward_in_chunks(model: nn.Module, dense: torch.Tensor, ids: torch.Tensor, chunks: int = 1,
+                      next_ids: torch.Tensor | None = None) -> torch.Tensor:
     """`model(dense, ids)` (logits [B]); with a sharded fused `model.embeddings` its lookups and
     exchanges start before the model's first layer (the bottom MLP runs under the all-to-all), and
     `chunks` > 1 makes micro-batches whose every exchange starts first, so each chunk's exchange runs
     under the previous chunk's dense layers (backward: the reverse), still with one table update.
-    Any other collection runs the batch whole."""
+    `next_ids`: the next step's ids (its ids all-to-all then runs during this step; see
+    `FusedShardedEmbeddingCollection.prefetch`). Any other collection runs the batch whole."""
     coll = getattr(model, "embeddings", None)
     if not isinstance(coll, FusedShardedEmbeddingCollection) or ids.shape[0] == 0:
         return model(dense, ids)
     parts = list(ids.chunk(max(1, min(chunks, ids.shape[0]))))
-    coll.prefetch(parts)
+    coll.prefetch(parts, next_ids if len(parts) == 1 else None)
     if len(parts) == 1:
         return model(dense, parts[0])
     return torch.cat([model(d, i) for d, i in zip(dense.split([p.shape[0] for p in parts]), parts)])

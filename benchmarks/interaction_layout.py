@@ -1,0 +1,100 @@
+"""Why DLRM's fused interaction is slower reading the 4-GPU exchange buffer in place (one GPU).
+
+    PYTHONPATH=src python3 benchmarks/interaction_layout.py [--batch 65536] [--dim 128]
+
+Times `FusedDotInteraction`'s forward and backward kernels (bf16, 27 features) on one GPU for
+embeddings laid out as: `plain` [B, 26, D] (the unmapped kernels); `identity`, the same buffer read
+through the MAPPED path (its row map says [B, 26, D]); `exchange`, the layout 4 ranks' exchange
+leaves (four blocks of B x 2 rows 32 MiB apart, then B x 18 replicated rows: the MLPerf plan of
+`sharded_scale.py`); `exchange-gaps`, that with the blocks moved off their power-of-two spacing.
+Prints one JSON line: microseconds per call (median of CUDA-event timings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import triton
+
+from ctrflow.embedding.fused import interaction as fi
+
+# sharded_scale's 4-GPU plan: rank -> the (0-based) features it holds whole; the other 18 replicated
+RANKS = {0: [11, 19], 1: [0, 22], 2: [10, 21], 3: [9, 20]}
+
+
+def exchange_rows(gap: int) -> torch.Tensor:
+    """[3, 26] the exchange layout's row map (batch scale, sample stride, first row), blocks `gap`
+    rows further apart each."""
+    rows = torch.zeros(3, 26, dtype=torch.int64)
+    rep = [f for f in range(26) if all(f not in v for v in RANKS.values())]
+    start = 0
+    for i, group in enumerate([*RANKS.values(), rep]):
+        for k, f in enumerate(group):
+            rows[:, f] = torch.tensor([start, len(group), k + i * gap])
+        start += len(group)
+    return rows
+
+
+def time_us(fn, reps: int = 20) -> float:
+    """Median microseconds of `fn()` over `reps` CUDA-event timings (after 3 warm-up calls)."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def measure(batch: int, dim: int, rows: torch.Tensor | None, extra: int) -> dict:
+    """Forward and backward microseconds with row map `rows` (None: plain) over a buffer of
+    batch * 26 + extra rows."""
+    dev, features = torch.device("cuda"), 27
+    dense = torch.randn(batch, dim, device=dev, dtype=torch.bfloat16)
+    emb = torch.randn(batch * 26 + extra, dim, device=dev, dtype=torch.bfloat16)
+    width = -(-(dim + features * (features - 1) // 2) // 8) * 8
+    out = torch.empty(batch, width, device=dev, dtype=torch.bfloat16)
+    grad = torch.randn_like(out)
+    d_dense, d_emb = torch.empty_like(dense), torch.empty_like(emb)
+    mapped = rows is not None
+    rmap = rows.to(dev).contiguous() if mapped else dense
+    grid = (triton.cdiv(batch, fi._SAMPLES),)
+    common = dict(F=features, FP=fi._block(features), D=dim, SAMPLES=fi._SAMPLES, IEEE=False, MAPPED=mapped,
+                  num_warps=4)
+    pairs = features * (features - 1) // 2
+
+    def forward():
+        fi.interaction_kernel[grid](dense, emb, rmap, out, batch, PAIRS=pairs, W=width,
+                                    PADP=triton.next_power_of_2(max(width - dim - pairs, 1)), **common)
+
+    def backward():
+        fi.interaction_backward_kernel[grid](dense, emb, rmap, grad, d_dense, d_emb, grad.stride(0), batch,
+                                             **common)
+
+    return {"forward_us": round(time_us(forward), 1), "backward_us": round(time_us(backward), 1)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=65536)
+    p.add_argument("--dim", type=int, default=128)
+    args = p.parse_args()
+    identity = torch.stack([torch.zeros(26, dtype=torch.int64), torch.full((26,), 26), torch.arange(26)])
+    gap = 37  # rows: the blocks no longer start a power of two apart
+    layouts = {"plain": (None, 0), "identity": (identity, 0), "exchange": (exchange_rows(0), 0),
+               "exchange-gaps": (exchange_rows(gap), 5 * gap)}
+    record = {"benchmark": "interaction_layout", "device": torch.cuda.get_device_name(), "batch": args.batch,
+              "dim": args.dim}
+    for name, (rows, extra) in layouts.items():
+        record[name] = measure(args.batch, args.dim, rows, extra)
+    print(json.dumps(record), flush=True)
+
+
+if __name__ == "__main__":
+    main()
