@@ -33,8 +33,8 @@ from ctrflow.embedding.fused.collection import FusedEmbeddingCollection
 from ctrflow.embedding.fused.replicas import apply_replicated, needs_counts, replicated_grad
 from ctrflow.embedding.fused.routing import (Layout, Route, finish_route, pack_index, place_index, route,
                                              start_route)
+from ctrflow.embedding.fused.sharded_state import WholeTables
 from ctrflow.embedding.plan import ShardingPlan
-from ctrflow.embedding.sharded import gather_whole
 from ctrflow.embedding.tables import TableConfig, check_ids
 
 
@@ -53,7 +53,7 @@ class _ShardedLookup(torch.autograd.Function):
         return None, None, None
 
 
-class FusedShardedEmbeddingCollection(nn.Module):
+class FusedShardedEmbeddingCollection(WholeTables, nn.Module):
     """ids [b, F] of this rank's samples -> [b, F, D], tables placed by a table/row/data `ShardingPlan`,
     trained in backward by the fused `optimizer` ("sgd", "rowwise_adagrad", "adam"); a collective.
 
@@ -328,69 +328,6 @@ class FusedShardedEmbeddingCollection(nn.Module):
         if step["rep_acc"] is not None:
             apply_replicated(step["rep_acc"], self.replica, self.world_size)
 
-    def _parts(self) -> dict[str, tuple]:
-        """Table name -> (local collection, first local row, rows of the whole table it holds)."""
-        parts = {}
-        if self.local is not None:
-            for (name, rows), start in zip(self.layout.local_parts, self.local.offsets.tolist()):
-                parts[name] = (self.local, start, rows)
-        if self.replica is not None:
-            for t, start in zip(self.replica.tables, self.replica.offsets.tolist()):
-                parts[t.name] = (self.replica, start, (0, t.num_embeddings))
-        return parts
-
-    def _gather(self, read, per_row: bool = False) -> dict[str, torch.Tensor]:
-        """Whole tables by name of `read(collection, start, n)`, a local [n, D] (or [n] with
-        `per_row`) tensor; collective, on CPU."""
-        self.flush()
-        parts = self._parts()
-        out = {}
-        for t in self.tables:
-            local = None
-            if t.name in parts:
-                coll, start, rows = parts[t.name]
-                local = read(coll, start, rows[1] - rows[0])
-            out[t.name] = gather_whole(t, self.plan.tables[t.name], local, self.group, self.local_device(), per_row)
-        return out
-
-    def _optimizer(self) -> str:
-        return (self.local or self.replica).row_state.optimizer
-
     def local_device(self) -> torch.device:
         """The device of this rank's buffers."""
         return self.zero_offset.device
-
-    def full_weights(self) -> dict[str, torch.Tensor]:
-        """Whole tables by name, on CPU (collective: every rank must call it)."""
-        return self._gather(lambda coll, start, n: coll.weight[start:start + n])
-
-    @torch.no_grad()
-    def load_full_weights(self, tables: dict[str, torch.Tensor]) -> None:
-        """Take whole tables by name (from a checkpoint of any topology, or a plain collection)."""
-        for t in self.tables:
-            if tuple(tables[t.name].shape) != (t.num_embeddings, t.embedding_dim):
-                raise ValueError(f"table {t.name}: got shape {tuple(tables[t.name].shape)}, "
-                                 f"expected {(t.num_embeddings, t.embedding_dim)}")
-        for name, (coll, start, rows) in self._parts().items():
-            coll.weight[start:start + rows[1] - rows[0]].copy_(tables[name][rows[0]:rows[1]])
-
-    def table_states(self, keys: dict[str, str]) -> dict[str, dict[str, torch.Tensor]]:
-        """Optimizer state as whole tables: {table: {key: state[src] rows}} for `keys` {key: src}
-        (src "state1"/"state2" of the fused row state); collective, on CPU."""
-        out: dict[str, dict[str, torch.Tensor]] = {t.name: {} for t in self.tables}
-        for key, src in keys.items():
-            per_row = src == "state1" and self._optimizer() == "rowwise_adagrad"
-            whole = self._gather(lambda coll, start, n: coll.optimizer_state()[src][start:start + n], per_row)
-            for name, value in whole.items():
-                out[name][key] = value
-        return out
-
-    @torch.no_grad()
-    def load_table_states(self, keys: dict[str, str], tables: dict[str, dict[str, torch.Tensor]], steps: float) -> None:
-        """Inverse of `table_states`; `steps` is the optimizer's step count (Adam's bias correction)."""
-        for coll in (self.local, self.replica):
-            if coll is not None:
-                coll.optimizer_state()["hyper"][1].fill_(float(steps))
-        for name, (coll, start, rows) in self._parts().items():
-            for key, src in keys.items():
-                coll.optimizer_state()[src][start:start + rows[1] - rows[0]].copy_(tables[name][key][rows[0]:rows[1]])
