@@ -8,13 +8,22 @@
 # one-GPU baseline on GPU 0 (BASE=0 skips it) followed by AFTER_BASE (a command on GPU 0, its stdout
 # printed), BESIDE (a pytest selection on GPUs BESIDE_GPUS, default 1,2,3) and BESIDE_ONE (one
 # on GPU 3, then give BESIDE_GPUS=1,2), each cut at BESIDE_LIMIT seconds; TESTS (pytest selection on all
-# GPUs, empty skips them) last.
+# GPUs, empty skips them; TEST_FILTER a -k expression, TEST_ARGS more pytest arguments such as -s) last, or
+# first with TESTS_FIRST=1 (before RUNS). On 2 GPUs (nvidia-h200-x2): BESIDE_GPUS=1.
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export TORCH_NCCL_ASYNC_ERROR_HANDLING=0  # NCCL collectives inside captured CUDA graphs (--graph)
+# (no TORCH_NCCL_ASYNC_ERROR_HANDLING=0 for --graph: captured NCCL calls never reach the watchdog; session 4, E)
 OUT=${OUT:-/tmp/ctrflow-gpu}; mkdir -p "$OUT"; ERR=$(mktemp -d)  # stderr apart: few files come back
 RUNS=${RUNS:-"fused4:4:--profile,$OUT fused4g:4:--graph fused2g:2:--graph plain4:4:--embedding,plain"}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1
+gpu_tests() {
+  [ -n "${TESTS-tests/gpu/test_sharded_nccl.py tests/gpu/test_train_fused_gpu.py tests/gpu/test_fused_embedding.py}" ] || return 0
+  echo "== GPU tests"
+  timeout ${TEST_LIMIT:-200} python3 -m pytest -q -p no:cacheprovider ${TEST_ARGS:-} \
+    ${TESTS-tests/gpu/test_sharded_nccl.py tests/gpu/test_train_fused_gpu.py tests/gpu/test_fused_embedding.py} \
+    ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 | tee "$OUT/tests.txt" | grep -v "^\s*$" | tail -${TEST_LINES:-15}
+}
+[ "${TESTS_FIRST:-0}" = 1 ] && gpu_tests
 for run in $RUNS; do
   name=${run%%:*}; rest=${run#*:}; n=${rest%%:*}; extra=${rest#*:}; envs=""
   case "$extra" in *:*) envs=${extra#*:}; envs=${envs//,/ }; extra=${extra%%:*};; esac
@@ -76,10 +85,5 @@ for path in sorted(out.glob("*.json")):
 PY
 }
 table
-if [ -n "${TESTS-tests/gpu/test_sharded_nccl.py tests/gpu/test_train_fused_gpu.py tests/gpu/test_fused_embedding.py}" ]; then
-  echo "== GPU tests"
-  timeout ${TEST_LIMIT:-200} python3 -m pytest -q -p no:cacheprovider \
-    ${TESTS-tests/gpu/test_sharded_nccl.py tests/gpu/test_train_fused_gpu.py tests/gpu/test_fused_embedding.py} \
-    ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 | tee "$OUT/tests.txt" | grep -v "^\s*$" | tail -${TEST_LINES:-15}
-fi
+[ "${TESTS_FIRST:-0}" = 1 ] || gpu_tests
 table

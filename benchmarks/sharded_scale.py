@@ -5,7 +5,8 @@
     PYTHONPATH=src python3 benchmarks/sharded_scale.py --device cpu --rows-scale 1e-5 --dim 8 --batch-size 64
 
 Trains ctrflow's DLRM (bottom 13-512-256-D, top 1024-1024-512-256-1) with its tables placed by the
-automatic planner (or `--sharding`), the dense part under DDP, on synthetic ids drawn on the device
+automatic planner (or `--sharding`), with the training loop's own step (`ctrflow.train.loop.train_step`),
+the dense part under DDP (without `--graph`), on synthetic ids drawn on the device
 (no loader; Zipf-skewed like `train_throughput.py`, or uniform). `--embedding fused` (the default
 on CUDA with Triton): each rank's shards in one `FusedShardedEmbeddingCollection` (fused lookup and
 update-in-backward behind the all-to-alls), `FusedDotInteraction`, aligned and compiled dense parts,
@@ -13,47 +14,50 @@ as the one-GPU fast path, the step started by the tables' lookups and exchanges 
 bottom MLP runs under the all-to-all) and DLRM's interaction reading the exchange buffers in place
 (`--no-in-place` gathers [b, 26, D] first; `--chunks N` splits the step into micro-batches, measured
 slower on 4 H200s); each step also routes the next step's ids (`--route-ahead`) and sorts its rows for
-the update and zeroes the replicas' sums in forward (`--work-ahead`); with `--graph` the dense gradients'
-all-reduce has its own communicator (`--dense-comm`); `--profile DIR` writes per-kernel GPU times of
+the update and zeroes the replicas' sums in forward (`--work-ahead`); `--graph` is what `ctrflow train` runs
+under torchrun: no DDP, the step averages the dense gradients (`ctrflow.train.dense_average.DenseAverage`,
+on a communicator of its own unless `--dense-comm shared`) and is replayed as one CUDA graph
+(`ctrflow.train.graphs.GraphedStep`); `--profile DIR` writes per-kernel GPU times of
 graph replays and the ATen ops (with shapes) of one eager step. `plain`: `ShardedEmbeddingCollection`
 with sparse gradients and `SparseOptimizer`. Tables are initialised on their devices shard by shard, so no host ever holds a
 whole table. A plan that does not fit the GPUs' free memory is reported (`"fits": false`) instead
 of trained. Rank 0 prints the plan to stderr and one JSON line: plan, memory per GPU, samples/s,
-world size. Imports only torch and ctrflow.
+world size. Imports only torch, ctrflow and `sharded_parts.py` (inputs, timing, profiles) beside it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
-import resource
 import sys
-import time
+from functools import partial
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from ctrflow.data.schema import SPARSE
 from ctrflow.embedding.fused import ops
 from ctrflow.embedding.fused.dense import align_linear_inputs
 from ctrflow.embedding.fused.interaction import FusedDotInteraction
 from ctrflow.embedding.fused.sharded import FusedShardedEmbeddingCollection
-from ctrflow.embedding.fused.sharded_model import forward_in_chunks, read_exchange_layout
+from ctrflow.embedding.fused.sharded_model import read_exchange_layout
 from ctrflow.embedding.optimizers import SparseOptimizer, state_bytes
 from ctrflow.embedding.parallelize import apply_data_parallel
-from ctrflow.embedding.plan import (FUSED_REPLICATE_BYTES, REPLICATE_BYTES, Shard, device_memory_budget,
-                                   plan_sharding)
+from ctrflow.embedding.plan import FUSED_REPLICATE_BYTES, REPLICATE_BYTES, device_memory_budget, plan_sharding
 from ctrflow.embedding.sharded import ShardedEmbeddingCollection
-from ctrflow.embedding.tables import TableConfig, tables_for
+from ctrflow.embedding.tables import tables_for
 from ctrflow.errors import UserError
 from ctrflow.models import build_model, replace_module
-from ctrflow.train.distributed import init_runtime
+from ctrflow.train.dense_average import DenseAverage
+from ctrflow.train.distributed import close_runtime, init_runtime
+from ctrflow.train.graphs import GraphedStep
+from ctrflow.train.loop import train_step
+from ctrflow.train.optim import Optimizers
 
-MLPERF_TABLES = [39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10, 2208,
-                 11938, 155, 4, 976, 14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36]
+sys.path.insert(0, str(Path(__file__).parent))
+from sharded_parts import (MLPERF_TABLES, device_init, gather, memory_gib, profile_kernels,  # noqa: E402
+                           profile_ops, synthetic_batches, time_steps)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -103,40 +107,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def device_init(seed: int):
-    """Per-shard uniform(-1/sqrt(n), 1/sqrt(n)) drawn on the target device (fast; not the plain init)."""
-    def init(table: TableConfig, index: int, shard: Shard, device: torch.device) -> torch.Tensor:
-        gen = torch.Generator(device=device).manual_seed(seed * 1000003 + index * 1009 + shard.rank)
-        bound = 1.0 / math.sqrt(table.num_embeddings)
-        weight = torch.empty(shard.num_rows, shard.num_cols, device=device)
-        return weight.uniform_(-bound, bound, generator=gen)
-
-    return init
-
-
-def synthetic_batches(tables: list[TableConfig], batch: int, count: int, device, seed: int,
-                      ids: str = "uniform") -> list[tuple]:
-    """`count` batches (dense [B,13], ids [B,26], labels [B]) drawn on `device`; ids uniform, or
-    Zipf (rank k of a table of n rows has probability ~ 1/(k+1), ranks hashed over the table, the
-    distribution of `train_throughput.py`)."""
-    gen = torch.Generator(device=device).manual_seed(seed)
-    n = torch.tensor([t.num_embeddings for t in tables], device=device, dtype=torch.int64)
-    salt = torch.arange(len(tables), device=device) * 7919
-    out = []
-    for _ in range(count):
-        if ids == "zipf":
-            u = torch.rand(batch, len(tables), generator=gen, device=device, dtype=torch.float64)
-            rank = torch.minimum(torch.exp(u * torch.log1p(n.double())).long() - 1, n - 1)
-            ids_batch = (rank * 2654435761 + salt) % n
-        else:
-            ids_batch = torch.stack([torch.randint(0, t.num_embeddings, (batch,), generator=gen, device=device)
-                                     for t in tables], dim=1)
-        dense = torch.log1p(torch.rand(batch, 13, generator=gen, device=device) * 100)
-        labels = torch.randint(0, 2, (batch,), generator=gen, device=device).float()
-        out.append((dense, ids_batch, labels))
-    return out
-
-
 FUSED_RULES = {"sgd": "sgd", "adagrad": "rowwise_adagrad", "adam": "adam", "lazy_adam": "adam"}
 
 
@@ -154,7 +124,8 @@ def build(args, runtime, tables, plan):
     if runtime.distributed:
         apply_data_parallel(model, runtime.device)
     dense = [p for n, p in model.named_parameters() if not n.startswith("embeddings.")]
-    return model, torch.optim.SGD(dense, lr=args.lr), SparseOptimizer(model, args.optimizer, lr=args.lr)
+    sparse = SparseOptimizer(model, args.optimizer, lr=args.lr)
+    return model, Optimizers(torch.optim.SGD(dense, lr=args.lr), sparse, [], (args.lr, args.lr))
 
 
 def build_fused(args, runtime, tables, plan, model, group):
@@ -176,148 +147,33 @@ def build_fused(args, runtime, tables, plan, model, group):
     model.to(runtime.device)
     if runtime.distributed and not args.graph:  # with --graph the step averages the dense gradients
         apply_data_parallel(model, runtime.device)
-    return model, torch.optim.SGD(model.parameters(), lr=args.lr), None
+    return model, Optimizers(torch.optim.SGD(model.parameters(), lr=args.lr), None, [], (args.lr, args.lr))
 
 
-class DenseAverage:
-    """`--graph`'s average of the dense gradients over ranks (DDP is off): one all-reduce of their
-    concatenation after backward. `comm` "shared": on the default communicator (queued behind the
-    replicated tables' all-reduce); "own": on a communicator of its own (beside it). (Starting the
-    top MLP's part from a gradient hook during backward failed under CUDA-graph capture: call 10.)"""
-
-    def __init__(self, model, world: int, comm: str):
-        self.world, self.work, self.flat = world, None, None
-        self.group = dist.new_group(list(range(world))) if comm != "shared" else None
-        self.params = [p for p in model.parameters() if p.requires_grad]
-
-    def start(self) -> None:
-        """Start the all-reduce of the parameters' gradients."""
-        self.flat = torch.cat([p.grad.reshape(-1) for p in self.params])
-        self.work = dist.all_reduce(self.flat, group=self.group, async_op=True)
-
-    def finish(self) -> None:
-        """Wait for it and write the averages into the parameters' `.grad`."""
-        self.work.wait()
-        grads = [p.grad for p in self.params]
-        torch._foreach_copy_(grads, [f.view_as(g) for f, g in zip(self.flat.div_(self.world).split(
-            [g.numel() for g in grads]), grads)])
-
-
-def make_step(args, runtime, model, optimizers):
-    """One training step (loss on the device); with `--graph` the dense gradients are averaged by
-    one all-reduce of their concatenation (`DenseAverage`), started before the fused tables' update
-    (which then runs beside it), and the whole step is replayed as a CUDA graph. `next_ids`:
-    the next step's ids (`--route-ahead`)."""
-    cuda = runtime.device.type == "cuda"
-    tables = model.embeddings if isinstance(model.embeddings, FusedShardedEmbeddingCollection) else None
+def make_step(args, runtime, model, optimizers: Optimizers):
+    """The loop's `train_step` (returns the loss on the device); with `--graph` on several processes
+    the step averages the dense gradients itself (`DenseAverage`, started before the fused tables'
+    update, which then runs beside it), and on CUDA the whole step is a `GraphedStep` (captured after
+    3 eager steps)."""
     average = None
     if args.graph and runtime.distributed:
-        average = DenseAverage(model, runtime.world_size, args.dense_comm)
-        if tables is not None:
-            tables.update_in_backward = False
-
-    def step(dense_x, ids, labels, next_ids=None):
-        for opt in optimizers:
-            if opt is not None:
-                opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda and args.precision == "bf16"):
-            logits = forward_in_chunks(model, dense_x, ids, args.chunks, next_ids)
-        loss = F.binary_cross_entropy_with_logits(logits.float(), labels)
-        loss.backward()
-        if average is not None:
-            average.start()
-            if tables is not None:
-                tables.flush()
-            average.finish()
-        for opt in optimizers:
-            if opt is not None:
-                opt.step()
-        return loss.detach()
-
-    return step
+        tables = [model.embeddings] if isinstance(model.embeddings, FusedShardedEmbeddingCollection) else []
+        params = [p for group in optimizers.dense.param_groups for p in group["params"]]
+        average = DenseAverage(params, tables, args.dense_comm)
+    step = partial(train_step, average=average, chunks=args.chunks)
+    return GraphedStep(step) if args.graph and runtime.device.type == "cuda" else step
 
 
-def capture(step):
-    """`step` captured once (after 3 warm-up steps on a side stream) and replayed; inputs are
-    copied into the graph's static tensors."""
-    graph, static, held = torch.cuda.CUDAGraph(), [], {}
+def runner(args, runtime, model, optimizers: Optimizers, step, batches):
+    """Step i of the run on batch i mod 4; with `--route-ahead` each step also gets the next batch's ids."""
+    amp = torch.bfloat16 if runtime.device.type == "cuda" and args.precision == "bf16" else None
+    ahead = args.route_ahead and args.embedding == "fused"
 
-    def run(*batch):
-        if not static:
-            static.extend(t.clone() for t in batch)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(3):  # next ids = these ids: the routing left for the capture is theirs
-                    step(*static[:3], *static[1:2] * (len(static) - 3))
-            torch.cuda.current_stream().wait_stream(side)
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # NCCL's watchdog thread runs on
-                held["loss"] = step(*static)
-        for dst, src in zip(static, batch):
-            dst.copy_(src, non_blocking=True)
-        graph.replay()
-        return held["loss"]
+    def run(i: int) -> torch.Tensor:
+        nxt = batches[(i + 1) % len(batches)].sparse if ahead else None
+        return step(model, batches[i % len(batches)], optimizers, runtime.device, amp, next_ids=nxt)
 
     return run
-
-
-def train(args, runtime, step, batches, first: int = 0) -> float:
-    """Seconds per step over `args.steps` after `args.warmup` steps, from batch `first` on (with
-    `--route-ahead` each step is also handed the next step's ids)."""
-    cuda = runtime.device.type == "cuda"
-    ahead = args.route_ahead and args.embedding == "fused"
-    for i in range(first, first + args.warmup + args.steps):
-        if i == first + args.warmup:
-            if cuda:
-                torch.cuda.synchronize()  # timing starts with an idle device
-            start = time.perf_counter()
-        nxt = (batches[(i + 1) % len(batches)][1],) if ahead else ()
-        step(*batches[i % len(batches)], *nxt)
-    if cuda:
-        torch.cuda.synchronize()
-    return (time.perf_counter() - start) / max(args.steps, 1)
-
-
-def profile_ops(args, runtime, step, batches) -> None:
-    """Rank 0 writes the ATen ops of one eager step (after two), by input shape with their GPU time:
-    what the kernels of a graph replay's profile came from (every rank steps)."""
-    ahead = args.route_ahead and args.embedding == "fused"
-    run = lambda i: step(*batches[i % 4], *((batches[(i + 1) % 4][1],) if ahead else ()))  # noqa: E731
-    run(0), run(1)
-    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
-        run(2)
-        torch.cuda.synchronize()
-    if runtime.is_main:
-        with open(f"{args.profile}/ops-{args.embedding}-n{runtime.world_size}.txt", "w") as f:
-            f.write(prof.key_averages(group_by_input_shape=True).table(
-                sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=40, max_shapes_column_width=70))
-
-
-def profile(args, runtime, step, batches) -> None:
-    """Three more steps under the profiler; rank 0 writes the per-kernel table (every rank steps)."""
-    steps = argparse.Namespace(**{**vars(args), "warmup": 0, "steps": 3})
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        train(steps, runtime, step, batches, first=args.warmup + args.steps)
-    if runtime.is_main:
-        with open(f"{args.profile}/sharded-{args.embedding}-n{runtime.world_size}.txt", "w") as f:
-            f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=45, max_name_column_width=70))
-
-
-def memory_gib(runtime) -> float:
-    """Peak memory of this process: CUDA allocations on a GPU, resident set size on the CPU."""
-    if runtime.device.type == "cuda":
-        return torch.cuda.max_memory_allocated(runtime.device) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-
-
-def gather(value, runtime) -> list:
-    """`value` from every process, in rank order."""
-    if not runtime.distributed:
-        return [value]
-    out = [None] * runtime.world_size
-    dist.all_gather_object(out, value)
-    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -353,16 +209,18 @@ def main(argv: list[str] | None = None) -> dict:
         return _emit(record, runtime)
     if runtime.is_main:
         print(plan.describe(tables, memory_of), file=sys.stderr, flush=True)
-    model, dense_opt, sparse_opt = build(args, runtime, tables, plan)
+    model, optimizers = build(args, runtime, tables, plan)
     batches = synthetic_batches(tables, args.batch_size, 4, runtime.device, args.seed + runtime.rank, args.ids)
-    step = make_step(args, runtime, model, (dense_opt, sparse_opt))
-    if args.profile and runtime.device.type == "cuda":
-        profile_ops(args, runtime, step, batches)
-    if args.graph and runtime.device.type == "cuda":
-        step = capture(step)
-    seconds = train(args, runtime, step, batches)
-    if args.profile and runtime.device.type == "cuda":
-        profile(args, runtime, step, batches)
+    step = make_step(args, runtime, model, optimizers)
+    cuda = runtime.device.type == "cuda"
+    if args.profile and cuda:  # eager steps, before any capture
+        profile_ops(args, runtime, runner(args, runtime, model, optimizers, getattr(step, "step", step), batches))
+    run = runner(args, runtime, model, optimizers, step, batches)
+    seconds = time_steps(run, args.warmup, args.steps, cuda)
+    if args.profile and cuda:
+        profile_kernels(args, runtime, run)
+    if isinstance(step, GraphedStep):
+        step.release()  # before the process group goes: NCCL waits for graphs holding its calls
     record.update(fits=True, plan={t.name: _placement(plan.tables[t.name]) for t in tables},
                   planned_gib_per_process=[b / 2**30 for b in plan.bytes_per_rank(tables, memory_of)],
                   memory_gib_per_process=gather(memory_gib(runtime), runtime),
@@ -385,12 +243,7 @@ def _device_name(runtime) -> str:
 def _emit(record: dict, runtime) -> dict:
     if runtime.is_main:
         print(json.dumps(record), flush=True)
-    if runtime.distributed and record.get("graph"):
-        # NCCL communicators captured in a CUDA graph hung in teardown (device call 4): leave at once
-        sys.stderr.flush()
-        os._exit(0)
-    if runtime.distributed:
-        dist.destroy_process_group()
+    close_runtime(runtime)  # any CUDA graph is released by now (NCCL's teardown waits for them)
     return record
 
 

@@ -4,7 +4,10 @@ sharding (plain tables, fp32). The fused sharded collection (Triton kernels behi
 equals the fused one-process collection on the global batch (also as prefetched micro-batches with
 one update per step), DLRM's micro-batched, in-place-layout (the interaction's MAPPED kernels) and
 routed-ahead steps equal its plain step, and `ctrflow train` under torchrun takes the fused path by default,
-logs the losses of one fused GPU, and its checkpoint resumes on one CPU."""
+logs the losses of one fused GPU, and its checkpoint resumes on one CPU. With the automatic plan it runs
+the whole step as one CUDA graph (dense gradients averaged by the step, no DDP): it logs the losses and
+AUCs of the eager DDP step, validates and checkpoints between replays, resumes, and exits (no NCCL
+teardown hang)."""
 
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ def test_n_gpus_match_plain_collection_for_every_sharding(tmp_path, world):
 
 
 def _train(data: Path, out: Path, procs: int, *extra: str, embedding: str = "plain", device: str = "cuda",
-           stdout: list | None = None) -> list[float]:
+           stdout: list | None = None, timeout: int = 600) -> list[float]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -47,7 +50,7 @@ def _train(data: Path, out: Path, procs: int, *extra: str, embedding: str = "pla
            str(port), "-m", "ctrflow", "train", "--data", str(data), "--out", str(out), "--batch-size", "256",
            "--max-steps", "20", "--log-every", "1", "--device", device, "--no-progress",
            "--limit-eval-batches", "1", "--embedding", embedding, "--precision", "fp32", *extra]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     if stdout is not None:
         stdout.append(done.stdout)
@@ -108,3 +111,37 @@ def test_torchrun_train_takes_the_fused_path_and_resumes_on_the_cpu(tmp_path, on
     resumed = _train(data, tmp_path / "cpu", 1, *optim, "--resume", str(tmp_path / "two"), embedding="plain",
                      device="cpu")  # ... on one CPU process, plain tables
     assert len(resumed) == 20 and max(abs(a - b) / abs(b) for a, b in zip(resumed[10:], one[10:])) <= 1e-3
+
+
+def _metrics(out: Path) -> tuple[dict[int, float], dict[int, float]]:
+    """(loss by step, valid auc by step) from a run's metrics.jsonl."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return ({r["step"]: r["loss"] for r in rows if "loss" in r}, {r["step"]: r["auc"] for r in rows if "auc" in r})
+
+
+def test_torchrun_train_graphs_the_step_like_the_eager_one_and_exits(tmp_path, one_gpu, monkeypatch):
+    data, _ = one_gpu
+    monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)  # as a user runs it (gpu_h200x4.sh sets it)
+    flags = ("--sparse-optimizer", "lazy_adam", "--eval-every", "5", "--checkpoint-every", "10")
+    printed: list[str] = []
+    # a hang in NCCL's teardown (a graph still holding its calls) would hit the 240 s limit
+    _train(data, tmp_path / "eager", 2, *flags, "--cuda-graphs", "off", embedding="auto", stdout=printed,
+           timeout=240)
+    assert "whole step one CUDA graph" not in printed[0]
+    _train(data, tmp_path / "graph", 2, *flags, embedding="auto", stdout=printed, timeout=240)
+    assert "fused tables (interaction reads the exchange in place)" in printed[1]
+    assert "dense gradients averaged by the step (no DDP), whole step one CUDA graph" in printed[1]
+    (eager_loss, eager_auc), (graph_loss, graph_auc) = _metrics(tmp_path / "eager"), _metrics(tmp_path / "graph")
+    assert len(graph_loss) == 20 and sorted(graph_auc) == sorted(eager_auc) == [5, 10, 15, 20]
+    loss_gap = max(abs(graph_loss[k] - eager_loss[k]) / abs(eager_loss[k]) for k in eager_loss)
+    auc_gap = max(abs(graph_auc[k] - eager_auc[k]) for k in eager_auc)
+    print(f"graph vs eager on 2 GPUs: max relative loss gap {loss_gap:.2e}, max auc gap {auc_gap:.2e}")
+    # same arithmetic up to float atomics' order (fused tables), capturable Adam and where DDP divides
+    assert loss_gap <= 1e-3 and auc_gap <= 2e-3, (eager_loss, graph_loss, eager_auc, graph_auc)
+    (tmp_path / "graph" / "latest").write_text("step_00000010\n")  # resume the graphed run's step 10, graphed
+    _train(data, tmp_path / "resumed", 2, *flags, "--resume", str(tmp_path / "graph"), embedding="auto",
+           timeout=240)
+    resumed_loss, resumed_auc = _metrics(tmp_path / "resumed")
+    resume_gap = max(abs(resumed_loss[k] - graph_loss[k]) / abs(graph_loss[k]) for k in range(11, 21))
+    print(f"resumed at step 10 vs the graphed run: max relative loss gap {resume_gap:.2e}")
+    assert resume_gap <= 1e-3 and abs(resumed_auc[20] - graph_auc[20]) <= 2e-3

@@ -59,8 +59,13 @@ def init_runtime(device: str = "auto") -> Runtime:
 
 
 def close_runtime(runtime: Runtime) -> None:
-    """Tear the process group down (no-op for one process)."""
+    """Tear the process group down (no-op for one process). CUDA graphs that captured NCCL calls
+    must be released first (`GraphedStep.release`): NCCL's communicator teardown waits for every
+    graph holding one of its operations, and hung here while a graph was alive (device call 4 of
+    session 2). The device is synchronized so no kernel still uses a communicator."""
     if runtime.distributed and dist.is_initialized():
+        if runtime.device.type == "cuda":
+            torch.cuda.synchronize(runtime.device)
         dist.destroy_process_group()
 
 
@@ -71,15 +76,18 @@ def print0(*args, **kwargs) -> None:
 
 
 def parallelize(model: nn.Module, runtime: Runtime, sharding: str = "auto", plan_file: str | None = None,
-                memory_of=None, fused: dict | None = None) -> nn.Module:
+                memory_of=None, fused: dict | None = None, data_parallel: bool = True) -> nn.Module:
     """Hybrid parallelism, in place: for N processes the embedding tables are sharded by a plan
     (`--sharding`, `--plan`; printed on rank 0) and the dense part runs under DDP; for one
     process the model only moves to the device. Every process calls this (collective).
     `fused`: the fused sharded collections' options (their auto plan keeps large tables whole
-    where they fit, for static all-to-all sizes, and replicates tables up to 32 MiB)."""
+    where they fit, for static all-to-all sizes, and replicates tables up to 32 MiB).
+    `data_parallel=False`: no DDP; the caller averages the dense gradients (`DenseAverage`) or
+    applies DDP later (`apply_data_parallel`: it keeps the parameters, so optimizers built in between hold)."""
     if not runtime.distributed:
         return model.to(runtime.device)
-    from ctrflow.embedding.parallelize import model_tables, parallelize as shard_and_replicate, plan_model
+    from ctrflow.embedding.parallelize import apply_embedding_sharding, model_tables, plan_model
+    from ctrflow.embedding.parallelize import parallelize as shard_and_replicate
 
     from ctrflow.embedding.plan import FUSED_REPLICATE_BYTES, REPLICATE_BYTES
 
@@ -88,7 +96,11 @@ def parallelize(model: nn.Module, runtime: Runtime, sharding: str = "auto", plan
                       replicate_bytes=FUSED_REPLICATE_BYTES if fused is not None else REPLICATE_BYTES)
     print0("ctrflow train: sharding plan\n" + plan.describe(model_tables(model), memory_of))
     # fused tables skip the per-step id check (a host sync), as in one process: the loader checked the ids
-    return shard_and_replicate(model, plan, runtime.device, check_ids=fused is None, fused=fused)
+    if data_parallel:
+        return shard_and_replicate(model, plan, runtime.device, check_ids=fused is None, fused=fused)
+    group = dist.new_group(list(range(runtime.world_size)))  # embedding traffic on its own communicator
+    apply_embedding_sharding(model, plan, group, runtime.device, check_ids=fused is None, fused=fused)
+    return model.to(runtime.device)
 
 
 def barrier(runtime: Runtime) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 from contextlib import nullcontext
+from functools import partial
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,11 +29,13 @@ from ctrflow.data.scan import ScanLoader
 from ctrflow.data.stream import StreamLoader, choose_loader
 from ctrflow.data.stream_plan import ParquetIndex
 from ctrflow.embedding.collection import deferred_tables, materialize_tables
+from ctrflow.embedding.parallelize import apply_data_parallel
 from ctrflow.embedding.fused.sharded_model import forward_in_chunks, read_exchange_layout
 from ctrflow.errors import UserError
 from ctrflow.models import build_model
 from ctrflow.tracking import NullTracker, Tracker
 from ctrflow.train import checkpoint
+from ctrflow.train.dense_average import DenseAverage
 from ctrflow.train.distributed import Runtime, close_runtime, init_runtime, parallelize, print0
 from ctrflow.train.fp8 import apply_fp8
 from ctrflow.train.fused import (FusedTables, apply_fused, autocast_dtype, fused_collections, sharded_options,
@@ -51,13 +54,14 @@ class Session:
     runtime: Runtime
     tracker: Tracker
     schema: Schema
-    model: nn.Module  # after parallelize: this process's shards, dense parts under DDP when N > 1
+    model: nn.Module  # after parallelize: this process's shards, dense parts under DDP when N > 1 (or `average`)
     optimizers: Optimizers
     train_loader: BatchLoader | StreamLoader
     valid_loader: ScanLoader | None
     out: Path
     total_steps: int
     amp: torch.dtype | None = None  # autocast dtype of the forward pass (None: fp32)
+    average: DenseAverage | None = None  # N processes, graphed step: the step averages the dense gradients
     step: int = 0
     epoch: int = 0
     batch: int = 0
@@ -102,11 +106,13 @@ def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
         fused_options = sharded_options(config.optim, amp)
     # before the optimizers: sharding replaces the tables' parameters by this process's shards;
     # it moves the model to the device (only this process's shards, never whole tables)
-    model = parallelize(model, runtime, config.sharding, config.plan, sparse_memory(config.optim), fused_options)
+    model = parallelize(model, runtime, config.sharding, config.plan, sparse_memory(config.optim), fused_options,
+                        data_parallel=fused_options is None)  # fused: DDP or DenseAverage once optimizers exist
     if fused_options is not None:
         fused = FusedTables(fused_collections(model), config.optim.sparse)
         in_place = read_exchange_layout(model)  # DLRM's interaction reads the all-to-all's buffer: no gathers
     optimizers = build_optimizers(model, config.optim, fused)
+    average = _average_dense(config, runtime, model, optimizers) if fused_options is not None else None
     if fused is not None and not runtime.distributed and use_compile(config, runtime):
         compile_dense(model)  # same parameters: optimizers and checkpoints see no difference
     epoch_steps = len(train_loader)
@@ -114,7 +120,7 @@ def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
     total = total if config.max_steps is None else min(config.max_steps, total)
     out = Path(config.out)
     session = Session(config, runtime, tracker, schema, model, optimizers,
-                      train_loader, valid_loader, out, total, amp)
+                      train_loader, valid_loader, out, total, amp, average)
     source = _resume(session) if config.resume else None
     if runtime.is_main:
         out.mkdir(parents=True, exist_ok=True)
@@ -129,8 +135,19 @@ def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
            f"{config.data.batch_size}; {runtime.world_size} process(es) on {runtime.device}; "
            f"{'fused' if fused else 'plain'} tables{' (interaction reads the exchange in place)' if in_place else ''}, "
            f"{'bf16 autocast' if amp else 'fp32'}"
-           f"{' + fp8 Linear' if config.precision == 'fp8' else ''}")
+           f"{' + fp8 Linear' if config.precision == 'fp8' else ''}"
+           f"{'; dense gradients averaged by the step (no DDP), whole step one CUDA graph' if average else ''}")
     return session
+
+
+def _average_dense(config: TrainConfig, runtime: Runtime, model: nn.Module, optimizers: Optimizers) -> DenseAverage | None:
+    """N processes with fused sharded tables: where the step can be one CUDA graph, the step averages
+    the dense gradients itself (`DenseAverage`, capturable); otherwise DDP wraps the dense part."""
+    if use_graphs(config, runtime, optimizers):
+        params = [p for group in optimizers.dense.param_groups for p in group["params"]]
+        return DenseAverage(params, optimizers.fused.collections.values())
+    apply_data_parallel(model, runtime.device)
+    return None
 
 
 def _loaders(config: TrainConfig, schema: Schema,
@@ -197,7 +214,8 @@ def _fit(s: Session) -> dict[str, Any]:
     log = ProgressLog(s.out, s.runtime, s.tracker, cfg.data.batch_size, s.total_steps, s.step, cfg.progress)
     done = {"eval": -1, "ckpt": -1}
     valid: dict[str, float] = {}
-    step_fn = GraphedStep(train_step) if use_graphs(cfg, s.runtime, s.optimizers) else train_step
+    step = partial(train_step, average=s.average) if s.average is not None else train_step
+    step_fn = GraphedStep(step) if use_graphs(cfg, s.runtime, s.optimizers) else step
     try:
         while s.step < s.total_steps and s.epoch < cfg.epochs:
             for batch in s.train_loader.batches(s.epoch, start=s.batch):
@@ -213,19 +231,28 @@ def _fit(s: Session) -> dict[str, Any]:
                     break
     finally:
         log.close()
+        if isinstance(step_fn, GraphedStep):
+            step_fn.release()  # before the process group goes: NCCL waits for graphs holding its calls
     return _finish(s, log, valid, done)
 
 
 def train_step(model: nn.Module, batch: Batch, optimizers: Optimizers, device: torch.device,
-               amp: torch.dtype | None = None) -> torch.Tensor:
+               amp: torch.dtype | None = None, average: DenseAverage | None = None,
+               next_ids: torch.Tensor | None = None, chunks: int = 1) -> torch.Tensor:
     """Forward (under `amp` autocast if given), BCE-with-logits loss in fp32, backward, update
-    (fused tables update inside backward); returns the (device) loss, unsynced."""
+    (fused tables update inside backward, or, with `average`, after its all-reduce of the dense
+    gradients has started); returns the (device) loss, unsynced. Fused sharded tables: `next_ids`
+    (the next step's ids [B, F]) routes them during this step, `chunks` micro-batches
+    (`forward_in_chunks`)."""
     batch = batch.to(device, non_blocking=True)
     with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-        logits = forward_in_chunks(model, batch.dense, batch.sparse)  # sharded: exchanges start first
+        # sharded: exchanges start first
+        logits = forward_in_chunks(model, batch.dense, batch.sparse, chunks, next_ids)
     loss = F.binary_cross_entropy_with_logits(logits.float(), batch.labels)
     optimizers.zero_grad()
     loss.backward()
+    if average is not None:
+        average.reduce()  # dense all-reduce started, tables' update beside it, averages in .grad
     optimizers.step()
     return loss.detach()
 
