@@ -12,6 +12,12 @@ and writes d_dense = grad[:D] + ((G + G^T) x)[0] and d_embeddings = ((G + G^T) x
 exchange left them (`FusedShardedEmbeddingCollection.exchange_rows`): feature f of sample b is row
 batch * rows[0, f] + b * rows[1, f] + rows[2, f] of the [batch * (F-1), D] buffer, and its gradient
 goes to the same row, so neither direction needs a copy into or out of [B, F-1, D].
+
+Speed comes from how many programs share an SM (registers) and from few layout changes: x is one
+load (dense row and embeddings through one pointer select), the row map is 1-D (a [FP, 1] map was
+replicated 8-fold per thread: 181 registers instead of 94), the backward reads (G + G^T) directly
+(G[min, max]: no transpose) and adds grad[:D] as a [D] row. `benchmarks/interaction_layout.py`
+prints each kernel's time, registers and spills.
 """
 
 from __future__ import annotations
@@ -34,28 +40,39 @@ if ops.triton is not None:
 
     @triton.jit
     def _row_map(map_ptr, batch, F: tl.constexpr, FP: tl.constexpr, MAPPED: tl.constexpr):
-        """With MAPPED: ([FP, 1] sample 0's buffer row of each embedding, [FP, 1] its step per sample),
-        read once per program; sample b's rows are first + b * step."""
-        f = tl.arange(0, FP)[:, None]
-        first = (f - 1).to(tl.int64)
-        step = tl.zeros([FP, 1], dtype=tl.int64) + (F - 1)
+        """([FP] sample 0's buffer row of each feature's vector (-1 for the dense one), [FP] the rows
+        from one sample to the next): 1-D, one copy per thread's rows, read once per program."""
+        f = tl.arange(0, FP)
         if MAPPED:
             k = tl.maximum(f - 1, 0)
             live = (f >= 1) & (f < F)
             first = batch * tl.load(map_ptr + k, mask=live, other=0) + tl.load(map_ptr + 2 * (F - 1) + k, mask=live,
                                                                                    other=0)
             step = tl.load(map_ptr + (F - 1) + k, mask=live, other=0)
+            first, step = first.to(tl.int32), step.to(tl.int32)
+        else:
+            first = (f - 1).to(tl.int64)
+            step = tl.zeros([FP], dtype=tl.int64) + (F - 1)
         return first, step
+
+    @triton.jit
+    def _sample_rows(first, step, b, MAPPED: tl.constexpr):
+        """[FP, 1] sample b's buffer rows (from `_row_map`; int32 with MAPPED: fewer registers, and
+        `FusedDotInteraction` maps only buffers of fewer than 2^31 elements)."""
+        if MAPPED:
+            rows = first + b.to(tl.int32) * step
+        else:
+            rows = b * step + first
+        return rows[:, None]
 
     @triton.jit
     def _load_features(dense_ptr, emb_ptr, b, rows, F: tl.constexpr, FP: tl.constexpr, D: tl.constexpr):
         """x [FP, D]: row 0 the sample's dense vector, rows 1..F-1 its embeddings (buffer rows
-        `rows` [FP, 1]), the rest zero."""
+        `rows` [FP, 1]), the rest zero; one load (one layout change on its way to the product)."""
         f = tl.arange(0, FP)[:, None]
         cols = tl.arange(0, D)[None, :]
-        xd = tl.load(dense_ptr + b * D + cols + f * 0, mask=(f == 0) & (cols < D), other=0.0)
-        xe = tl.load(emb_ptr + rows * D + cols, mask=(f >= 1) & (f < F) & (cols < D), other=0.0)
-        return xd + xe
+        ptr = tl.where(f == 0, dense_ptr + b * D + cols, emb_ptr + rows * D + cols)
+        return tl.load(ptr, mask=(f < F) & (cols < D), other=0.0)
 
     @triton.jit
     def interaction_kernel(dense_ptr, emb_ptr, map_ptr, out_ptr, batch, F: tl.constexpr, FP: tl.constexpr,
@@ -69,10 +86,7 @@ if ops.triton is not None:
         for s in range(SAMPLES):
             b = tl.program_id(0).to(tl.int64) * SAMPLES + s
             if b < batch:
-                if MAPPED:
-                    rows = row0 + b * row_step
-                else:
-                    rows = b * (F - 1) + (tl.arange(0, FP)[:, None] - 1)
+                rows = _sample_rows(row0, row_step, b, MAPPED)
                 x = _load_features(dense_ptr, emb_ptr, b, rows, F, FP, D)
                 if IEEE:
                     gram = tl.dot(x, tl.trans(x), input_precision="ieee")
@@ -91,29 +105,39 @@ if ops.triton is not None:
         grad[b, :D] is d_dense[b], rows 1.. are d_embeddings[b] (grad rows `grad_stride` apart)."""
         f = tl.arange(0, FP)[:, None]
         cols = tl.arange(0, D)[None, :]
-        pos, valid = _pair_index(F, FP)
+        i, j = f, tl.arange(0, FP)[None, :]
+        lo, hi = tl.minimum(i, j), tl.maximum(i, j)
+        spos = lo * (2 * F - lo - 1) // 2 + (hi - lo - 1)  # (G + G^T)[i, j] = G[lo, hi]: no transpose
+        sval = (i != j) & (hi < F)
         row0, row_step = _row_map(map_ptr, batch, F, FP, MAPPED)
         for s in range(SAMPLES):
             b = tl.program_id(0).to(tl.int64) * SAMPLES + s
             if b < batch:
-                if MAPPED:
-                    rows = row0 + b * row_step
-                else:
-                    rows = b * (F - 1) + (tl.arange(0, FP)[:, None] - 1)
+                rows = _sample_rows(row0, row_step, b, MAPPED)
                 x = _load_features(dense_ptr, emb_ptr, b, rows, F, FP, D)
-                g = tl.load(grad_ptr + b * grad_stride + D + pos, mask=valid, other=0.0).to(tl.float32)
-                sym = (g + tl.trans(g)).to(x.dtype)  # one nonzero term per entry: exact in bf16
+                sym = tl.load(grad_ptr + b * grad_stride + D + spos, mask=sval, other=0.0).to(x.dtype)
                 if IEEE:
                     dx = tl.dot(sym, x, input_precision="ieee")
                 else:
                     dx = tl.dot(sym, x)
                 first = f == 0
-                dx += tl.load(grad_ptr + b * grad_stride + cols + f * 0, mask=first, other=0.0).to(tl.float32)
+                dense_grad = tl.load(grad_ptr + b * grad_stride + tl.arange(0, D)).to(tl.float32)
+                dx += tl.where(first, dense_grad[None, :], 0.0)
                 tl.store(ddense_ptr + b * D + cols + f * 0, dx.to(ddense_ptr.dtype.element_ty), mask=first)
                 tl.store(demb_ptr + rows * D + cols, dx.to(demb_ptr.dtype.element_ty), mask=(f >= 1) & (f < F))
 
 
-_SAMPLES = 8
+_SAMPLES = 8  # samples per program
+_WARPS = 4
+# registers per thread of the MAPPED backward: 96 lets 5 programs share an SM (110 unbounded: 4)
+_MAPPED_BACKWARD_REGS = 96
+
+
+def launch_options(mapped: bool, backward: bool) -> dict:
+    """The kernels' launch options (warps, and a register bound for the mapped backward)."""
+    if mapped and backward and _MAPPED_BACKWARD_REGS:
+        return {"num_warps": _WARPS, "maxnreg": _MAPPED_BACKWARD_REGS}
+    return {"num_warps": _WARPS}
 
 
 def _block(features: int) -> int:
@@ -131,7 +155,7 @@ class _Interact(torch.autograd.Function):
         interaction_kernel[(triton.cdiv(batch, _SAMPLES),)](
             dense, embedded, dense if rows is None else rows, out, batch, F=features, FP=_block(features), D=dim,
             PAIRS=pairs, W=width, PADP=triton.next_power_of_2(max(width - dim - pairs, 1)), SAMPLES=_SAMPLES,
-            IEEE=embedded.dtype == torch.float32, MAPPED=rows is not None, num_warps=4)
+            IEEE=embedded.dtype == torch.float32, MAPPED=rows is not None, **launch_options(rows is not None, False))
         ctx.save_for_backward(dense, embedded)
         ctx.rows = rows
         return out
@@ -147,7 +171,7 @@ class _Interact(torch.autograd.Function):
         interaction_backward_kernel[(triton.cdiv(batch, _SAMPLES),)](
             dense, embedded, dense if rows is None else rows, grad, d_dense, d_embedded, grad.stride(0), batch,
             F=others + 1, FP=_block(others + 1), D=dim, SAMPLES=_SAMPLES, IEEE=embedded.dtype == torch.float32,
-            MAPPED=rows is not None, num_warps=4)
+            MAPPED=rows is not None, **launch_options(rows is not None, True))
         return d_dense, d_embedded, None, None
 
 
@@ -174,7 +198,8 @@ class FusedDotInteraction(DotInteraction):
 
     def forward(self, dense: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
         dim, rows = embedded.shape[2], self.embedding_rows
-        if not (ops.uses_kernels(embedded) and dim >= 16 and dim & (dim - 1) == 0):
+        fits = rows is None or embedded.numel() < 2**31  # the mapped kernels' row offsets are int32
+        if not (ops.uses_kernels(embedded) and dim >= 16 and dim & (dim - 1) == 0 and fits):
             if rows is not None:  # [B, F-1] buffer row of each embedding, then the plain layer
                 b = embedded.shape[0]
                 at = torch.arange(b, device=embedded.device).unsqueeze(1)
