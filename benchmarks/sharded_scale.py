@@ -97,8 +97,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dense-comm", default="own", choices=("shared", "own"),
                    help="--graph: the dense gradients' all-reduce on the default communicator (shared) or on "
                         "its own (own, beside the replicated tables' all-reduce)")
-    p.add_argument("--split-replicas", action="store_true",
-                   help="fused path: the replicated tables' gradients summed and all-reduced in two table groups")
     p.add_argument("--profile", default="", help="folder: rank 0 writes a per-kernel GPU time table of 3 steps")
     args = p.parse_args(argv)
     if args.embedding == "auto":
@@ -140,7 +138,6 @@ def build_fused(args, runtime, tables, plan, model, group):
         output_dtype=torch.bfloat16 if bf16 else torch.float32, seed=args.seed, check=False,
         overlap=not args.no_overlap)
     model.embeddings.work_ahead = args.work_ahead
-    model.embeddings.split_replicas = args.split_replicas
     replace_module(model, "interaction", FusedDotInteraction.from_plain(model.interaction))
     args.in_place = args.in_place and read_exchange_layout(model)
     align_linear_inputs(model)
@@ -201,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
     record["replicate_mib"] = replicate / 2**20
     if args.embedding == "fused":
         record.update(large=large, overlap=not args.no_overlap, graph=args.graph, chunks=args.chunks,
-                      route_ahead=args.route_ahead, work_ahead=args.work_ahead, split_replicas=args.split_replicas,
+                      route_ahead=args.route_ahead, work_ahead=args.work_ahead,
                       dense_comm=args.dense_comm if args.graph else "ddp",
                       compiled=runtime.device.type == "cuda" and not args.no_compile)
     try:

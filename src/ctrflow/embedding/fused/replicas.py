@@ -5,15 +5,14 @@ sums its batch's gradient into a dense fp32 buffer ([rows, D] sums, then a count
 row), one all-reduce adds every rank's, and every rank applies the same update to the rows any
 rank touched: the replicas stay identical, and the result equals one process on the global batch.
 Masked over all rows instead of gathering the touched ones: no device-to-host read (and the rows no
-rank touched are few: ~11% of the MLPerf replicas' rows on 4 ranks of 65,536 Zipf samples).
-`first_group`: the sums of a few large tables first, so most of the all-reduce's bytes start while
-the other tables' gradients are still being summed.
+rank touched are few: ~11% of the MLPerf replicas' rows on 4 ranks of 65,536 Zipf samples). Summing and
+all-reducing the large tables' part first, beside the rest's summing, was exact but slower (+0.08 ms a
+step on 2 H200s, +0.12 ms on 4: benchmarks/NOTES.md, session 4).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from ctrflow.embedding.fused import ops
 from ctrflow.embedding.fused.collection import FusedEmbeddingCollection
@@ -45,43 +44,6 @@ def replicated_grad(ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor
         rows = (ids + offsets).reshape(-1)
         buf[num_rows * dim:].index_add_(0, rows, torch.ones(rows.shape[0], dtype=torch.float32, device=rows.device))
     return buf
-
-
-def first_group(rows: list[int], min_gain: float = 0.2) -> int:
-    """How many leading replicated tables (of `rows` rows each) to sum and all-reduce before the
-    others: the prefix whose share of the rows (the all-reduce's bytes) most exceeds its share of
-    the features (the summing work); 0 (no split) unless that excess reaches `min_gain`."""
-    total, best, gain, acc = sum(rows), 0, min_gain, 0
-    for k in range(1, len(rows)):
-        acc += rows[k - 1]
-        if acc / total - k / len(rows) >= gain:
-            best, gain = k, acc / total - k / len(rows)
-    return best
-
-
-def replica_groups(rows: list[int], dim: int, split: bool) -> list[tuple[int, int, int]]:
-    """(first, end) replicated tables (of `rows` rows each) summed and all-reduced together, in order,
-    and where their part of the [sum(rows) * (dim + 1)] sums buffer ends (the last part also holds the
-    touch counts): one group, or two when `split` and `first_group` finds large tables in front."""
-    k, n, total = (first_group(rows) if split else 0), len(rows), sum(rows) * (dim + 1)
-    return [(0, k, sum(rows[:k]) * dim), (k, n, total)] if k else [(0, n, total)]
-
-
-def sum_replicated(ids: torch.Tensor, grad: torch.Tensor, replica: FusedEmbeddingCollection, groups: list,
-                   scratch: dict, acc: torch.Tensor | None, presorted: list | None = None, reduce: bool = False,
-                   group=None) -> tuple[torch.Tensor, list]:
-    """`replicated_grad` of ids [b, n] / grad [b, n, D] added to `acc` group by group (`replica_groups`;
-    `presorted`: each group's `ops.sort_rows`); `reduce`: each group's all-reduce over `group` starts as
-    soon as its sums are done. Returns (sums buffer, the all-reduces' works)."""
-    works, start = [], 0
-    for g, (lo, hi, end) in enumerate(groups):
-        acc = replicated_grad(ids[:, lo:hi], replica.offsets[lo:hi], grad[:, lo:hi], replica.weight.shape[0],
-                              scratch, counts=needs_counts(replica), out=acc,
-                              presorted=presorted[g] if presorted else None)
-        if reduce:
-            works.append(dist.all_reduce(acc[start:end], group=group, async_op=True))
-        start = end
-    return acc, works
 
 
 def needs_counts(replica: FusedEmbeddingCollection) -> bool:

@@ -30,7 +30,7 @@ from ctrflow.embedding.collection import copy_table_rows
 from ctrflow.embedding.comm import exchange_async, group_size
 from ctrflow.embedding.fused import ops
 from ctrflow.embedding.fused.collection import FusedEmbeddingCollection
-from ctrflow.embedding.fused.replicas import apply_replicated, replica_groups, sum_replicated
+from ctrflow.embedding.fused.replicas import apply_replicated, needs_counts, replicated_grad
 from ctrflow.embedding.fused.routing import (Layout, Route, finish_route, pack_index, place_index, route,
                                              start_route)
 from ctrflow.embedding.fused.sharded_state import WholeTables
@@ -100,10 +100,6 @@ class FusedShardedEmbeddingCollection(WholeTables, nn.Module):
         # forward also does what backward needs from the ids alone, while the exchange travels: the
         # update's sorts of the step's rows and the zeroing of the replicas' gradient sums
         self.work_ahead = True
-        # True: the replicas' gradients summed and all-reduced in two table groups when a few large tables
-        # lead (`first_group`), most of the all-reduce starting while the rest are summed (exact: per-row
-        # sums; set before the first step); off: 0.08 ms slower a step on 2 H200s (NOTES.md, session 4)
-        self.split_replicas = False
         self.cache: dict = {}
 
     @classmethod
@@ -166,7 +162,7 @@ class FusedShardedEmbeddingCollection(WholeTables, nn.Module):
             bounds.append(bounds[-1] + r.rows.numel())
         rows = routes[0].rows if len(routes) == 1 else torch.cat([r.rows for r in routes])
         step = {"rows": rows, "bounds": bounds, "chunks": len(chunks), "arrived": 0, "works": [], "grad": None,
-                "rep_acc": None, "rep_works": [], "sorted": None, "rep_sorted": [None] * len(chunks)}
+                "rep_acc": None, "rep_work": None, "sorted": None, "rep_sorted": [None] * len(chunks)}
         if self.local is not None and rows.numel():  # one gather for every chunk's received ids
             emb = ops.lookup(rows.view(-1, 1), self.zero_offset, self.local.weight, self.output_dtype).view(-1, dim)
         else:
@@ -179,9 +175,8 @@ class FusedShardedEmbeddingCollection(WholeTables, nn.Module):
                 ops.lookup(rep_ids, self.replica.offsets, self.replica.weight,
                            self.output_dtype, out=entry["src"][entry["n_back"]:].view(b, len(lay.rep), dim))
                 if self._sort_ahead():
-                    step["rep_sorted"][entry["chunk"]] = [ops.sort_rows(
-                        (rep_ids[:, lo:hi] + self.replica.offsets[lo:hi]).reshape(-1), self.replica.weight.shape[0])
-                        for lo, hi, _ in self._replica_groups()]
+                    step["rep_sorted"][entry["chunk"]] = ops.sort_rows(
+                        (rep_ids + self.replica.offsets).reshape(-1), self.replica.weight.shape[0])
         if self._sort_ahead() and self.local is not None and rows.numel():
             step["sorted"] = ops.sort_rows(rows, self.local.weight.shape[0])
         if next_ids is not None and self.model_parallel and lay.static and len(chunks) == 1:
@@ -264,11 +259,19 @@ class FusedShardedEmbeddingCollection(WholeTables, nn.Module):
             lo, hi = step["bounds"][c], step["bounds"][c + 1]
             _, work = exchange_async(packed[:n_send], r.recv, r.send, self.group, out=step["grad"][lo:hi])
             step["works"].append(work)
-        step["arrived"] += 1
         if self.replica is not None:
-            self._replica_grads(ids, packed[n_send:].view(b, len(lay.rep), dim), step, c)
+            rep = self.replica
+            step["rep_acc"] = replicated_grad(ids.index_select(1, self.rep_index), rep.offsets,
+                                              packed[n_send:].view(b, len(lay.rep), dim), rep.weight.shape[0],
+                                              self.cache, counts=needs_counts(rep), out=step["rep_acc"],
+                                              presorted=step["rep_sorted"][c])
+        step["arrived"] += 1
         if step["arrived"] < step["chunks"]:
             return  # the last chunk's backward queues the update
+        if self.replica is not None and self.world_size > 1:
+            # on the default group's communicator: beside the all-to-all, not behind it
+            whole = self.world_size == dist.get_world_size()
+            step["rep_work"] = dist.all_reduce(step["rep_acc"], group=None if whole else self.group, async_op=True)
         self.pending.append(step)
         if not self.update_in_backward:
             return  # the caller's `flush()` (or the next lookup) applies it
@@ -276,23 +279,6 @@ class FusedShardedEmbeddingCollection(WholeTables, nn.Module):
             torch.autograd.Variable._execution_engine.queue_callback(self.flush)
         else:
             self.flush()
-
-    def _replica_groups(self) -> list[tuple[int, int, int]]:
-        if "rep_groups" not in self.cache:
-            self.cache["rep_groups"] = replica_groups([self.tables[f].num_embeddings for f in self.layout.rep],
-                                                      self.embedding_dim, self.split_replicas)
-        return self.cache["rep_groups"]
-
-    def _replica_grads(self, ids: torch.Tensor, grad: torch.Tensor, step: dict, c: int) -> None:
-        """Add chunk c's replicated gradients grad [b, n_rep, D] to the step's sums; after the step's
-        last chunk, start their all-reduce (group by group)."""
-        last = step["arrived"] == step["chunks"] and self.world_size > 1
-        # on the default group's communicator: beside the all-to-all, not behind it
-        group = None if last and self.world_size == group_size(None) else self.group
-        step["rep_acc"], works = sum_replicated(ids.index_select(1, self.rep_index), grad, self.replica,
-                                                self._replica_groups(), self.cache, step["rep_acc"],
-                                                step["rep_sorted"][c], reduce=last, group=group)
-        step["rep_works"] += works
 
     def _tab_indices(self) -> list[torch.Tensor]:
         return [getattr(self, f"tab_index_{d}") for d in range(self.world_size)]
@@ -337,8 +323,8 @@ class FusedShardedEmbeddingCollection(WholeTables, nn.Module):
                             step["grad"].view(-1, 1, self.embedding_dim), local.weight, local.row_state,
                             local.scratch, local.pre_reduce, grad_scale=1.0 / self.world_size,
                             presorted=step["sorted"])
-        for work in step["rep_works"]:
-            work.wait()
+        if step["rep_work"] is not None:
+            step["rep_work"].wait()
         if step["rep_acc"] is not None:
             apply_replicated(step["rep_acc"], self.replica, self.world_size)
 
