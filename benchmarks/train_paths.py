@@ -9,7 +9,11 @@ torch optimizers: the quality reference). Options: `fp8` (what `ctrflow train --
 `ctrflow.train.fp8.apply_fp8`'s defaults: both products of every Linear >= 512 wide in fp8, row
 scales, e5m2 gradients, fast accumulation), `fp8w` (only the products whose quantized operand is
 the narrow side), `fp8t` (one scale per tensor), `fp32acc` (fp32 accumulation), `e4m3g` (e4m3
-gradients), `foreach` (torch's multi-tensor Adam instead of the fused one). Device call 2 of session
+gradients), `foreach` (torch's multi-tensor Adam instead of the fused one), `unfused` (with an fp8
+option: DCNv2's cross layers stay `Fp8Linear` by `Fp8Linear` under inductor, as in sessions 2-3, instead
+of `ctrflow.train.fp8_cross.Fp8CrossNet`'s row kernels; same numbers up to bf16 roundings, so no AUC
+check of its own), `noabsorb` (with `fp8`: the deep MLP's first Linear stays its own `Fp8Linear` in the
+compiled graph instead of `Fp8CrossNet.absorb`ing it). Device call 2 of session
 2 named these differently: its `fp8all:fastacc` is today's `fp8`, `fp8all` is `fp8:fp32acc`, `fp8`
 is `fp8w:fp32acc`, `fp8:fastacc` is `fp8w`.
 """
@@ -44,7 +48,7 @@ SMALL_ARCH = {"dlrm": {"bottom_mlp": (32, 16), "top_mlp": (64, 32)},
               "dcnv2": {"bottom_mlp": (32, 16), "deep_mlp": (64, 32), "cross_layers": 2, "cross_rank": 8}}
 TABLE_OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.SparseAdam, "rowwise_adagrad": RowwiseAdagrad}
 KINDS = ("naive", "fused", "fused-eager", "fused-compile", "fused-compile-head", "loop", "plain")
-OPTIONS = ("fp8", "fp8w", "fp8t", "fp32acc", "e4m3g", "foreach")
+OPTIONS = ("fp8", "fp8w", "fp8t", "fp32acc", "e4m3g", "foreach", "unfused", "noabsorb")
 FP8 = {"fp8", "fp8w", "fp8t"}
 PRECISION_OPTIONS = FP8 | {"e4m3g", "fp32acc"}
 GRAPHED = ("fused", "fused-compile", "fused-compile-head")
@@ -67,8 +71,9 @@ def precision_of(name: str, device: torch.device) -> str:
         scales = "tensor" if "fp8t" in options else "row"
         products = "narrow-operand products" if "fp8w" in options else "all products"
         accumulate = "fp32" if "fp32acc" in options else "fast"
+        cross = "" if options & {"fp8w", "fp8t", "unfused"} else ", cross layers in row kernels"
         return (f"fp8 (Linear >= 512 wide, {products}: e4m3 x {grads} grads, {scales} scales, {accumulate} "
-                f"accumulation) + {rest}")
+                f"accumulation{cross}) + {rest}")
     return rest
 
 
@@ -183,7 +188,8 @@ def make_fast(model: nn.Module, args, sizes: list[int], device: torch.device, op
     if options & FP8:
         apply_fp8(model, min_features=16 if args.small else 512, rule="widening" if "fp8w" in options else "all",
                   grad_dtype=E4M3 if "e4m3g" in options else E5M2, rowwise="fp8t" not in options,
-                  fast_accum="fp32acc" not in options)
+                  fast_accum="fp32acc" not in options, fuse_cross="unfused" not in options,
+                  absorb="noabsorb" not in options)
     if compile_scope == "head" and hasattr(model, "head"):
         model.head = torch.compile(model.head, mode=args.compile_mode)  # instance attribute: forward finds it
     elif compile_scope:

@@ -1,0 +1,112 @@
+"""The fp8 cross layers alone on one GPU (DCNv2 MLPerf shape: M 65,536, N 3456, rank 512, 3 layers).
+
+    PYTHONPATH=src python3 benchmarks/fp8_cross.py [--sweep]
+
+1. Each row kernel of `ctrflow.train.fp8_cross` against its bytes (P = one bf16 pass over [M, N]),
+   with torch's device copy (2 P) as the bandwidth reference; `--sweep` also times other launch shapes.
+2. The cross net's forward + backward: `Fp8CrossNet` against the same `Fp8Linear` layers compiled by
+   inductor (the path before it) and the plain bf16 layers compiled.
+Prints one JSON line (times in ms, median of CUDA-event timed runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+
+import torch
+
+from ctrflow.models.layers import LowRankCrossNet
+from ctrflow.train import fp8_cross as C
+from ctrflow.train.fp8 import E4M3, E5M2, apply_fp8
+
+SHAPES = [  # (tile, warps, dh programs per SM, dh warps): LAUNCH settings tried by --sweep
+    (4096, 4, 8, 4), (8192, 8, 4, 8), (8192, 16, 2, 16)]
+
+
+def timed(fn, reps: int = 20) -> float:
+    """Median ms of `fn()` over `reps` runs after 3 warm-up runs."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def kernel_times(m: int, n: int, layers: int) -> dict:
+    """ms and GB/s of each row kernel at [m, n] (module doc, 1)."""
+    t = [torch.randn(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(4 + 2 * layers)]
+    x0, h, x, g = t[:4]
+    ds, hs = t[4:4 + layers], t[4 + layers:]  # distinct tensors: a row read twice would hit the cache
+    z = x0[:, :512].contiguous()  # a rank-512 activation
+    bytes_p = m * n * 2
+    cases = {
+        "copy": (lambda: x.copy_(h), 2.0),
+        "quantize_x0": (lambda: C.quantize(x0, E4M3), 1.5),
+        "forward_first": (lambda: C.cross_forward(x0, h, x0, True), 3.5),
+        "forward_middle": (lambda: C.cross_forward(x0, h, x, True), 4.5),
+        "forward_last": (lambda: C.cross_forward(x0, h, x, False), 4.0),
+        "dh_top": (lambda: C.cross_dh(g, [], x0, E5M2), 3.5),
+        "dh_bottom": (lambda: C.cross_dh(g, ds[1:], x0, E5M2), 3.5 + layers - 1),
+        "dx0": (lambda: C.cross_dx0(g, ds, hs), 2.0 * layers + 2),
+        "quantize_z": (lambda: C.quantize(z, E4M3), 1.5 * 512 / n),
+    }
+    out = {}
+    for name, (fn, passes) in cases.items():
+        ms = timed(fn)
+        out[name] = {"ms": round(ms, 4), "passes": passes, "GB_s": round(passes * bytes_p / ms / 1e6)}
+    return out
+
+
+def net_times(m: int, n: int, rank: int, layers: int) -> dict:
+    """ms of the cross net's forward + backward in three versions (module doc, 2)."""
+    torch.manual_seed(0)
+    plain = LowRankCrossNet(n, layers, rank).cuda()
+    own, fused = torch.nn.Sequential(copy.deepcopy(plain)), torch.nn.Sequential(copy.deepcopy(plain))
+    apply_fp8(own, fuse_cross=False)
+    apply_fp8(fused)
+    x0 = torch.randn(m, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    grad = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    out = {}
+    for name, net in (("bf16_compiled", torch.compile(plain)), ("fp8_linear_compiled", torch.compile(own)),
+                      ("fp8_cross_kernels", fused)):
+        def step(net=net):
+            with torch.autocast("cuda", torch.bfloat16):
+                y = net(x0)
+            y.backward(grad)
+        out[name] = round(timed(step, reps=10), 3)
+    return out
+
+
+def main() -> None:
+    """Run both parts at the MLPerf shape; print one JSON line."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=65536)
+    p.add_argument("--width", type=int, default=3456)
+    p.add_argument("--rank", type=int, default=512)
+    p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--sweep", action="store_true")
+    args = p.parse_args()
+    result = {"device": torch.cuda.get_device_name(), "launch": dict(C.LAUNCH),
+              "kernels": kernel_times(args.rows, args.width, args.layers)}
+    if args.sweep:
+        default = dict(C.LAUNCH)
+        for tile, warps, per_sm, dh_warps in SHAPES:
+            C.LAUNCH.update(tile=tile, warps=warps, dh_per_sm=per_sm, dh_warps=dh_warps)
+            times = kernel_times(args.rows, args.width, args.layers)
+            result[f"tile{tile}_w{warps}_dh{per_sm}x{dh_warps}"] = {k: v["ms"] for k, v in times.items()}
+        C.LAUNCH.update(default)
+    result["net_fwd_bwd_ms"] = net_times(args.rows, args.width, args.rank, args.layers)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""Triton kernels of the fp8 cross layers (`ctrflow.train.fp8_cross` launches them; its doc says
+what each computes and why).
+
+Memory-bound row kernels: each program owns whole rows, a [ROWS, BLOCK_N] block with BLOCK_N the
+next power of two >= N (4096 for N = 3456), so a row's amax, scale and fp8 copy come out of the
+registers of the very pass that produces the row. Math in fp32; every tensor the torch path would
+round to bf16 is rounded here too (y, dh, each partial gradient sum), then quantized from those bf16
+values, as `ctrflow.train.fp8.quantize_rows` does.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _offsets(block, M, N, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(rows [ROWS], offsets [ROWS, BLOCK_N] int64, mask) of row block `block`."""
+    rows = block * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    return rows, rows[:, None].to(tl.int64) * N + cols[None, :], mask
+
+
+@triton.jit
+def _load(ptr, offs, mask):
+    return tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _bf16(v):
+    """v rounded to bf16, back in fp32 (what a bf16 tensor op would have stored)."""
+    return v.to(tl.bfloat16).to(tl.float32)
+
+
+@triton.jit
+def _quantize_store(v, q_ptr, s_ptr, rows, offs, mask, M, TOP: tl.constexpr):
+    """Row scales of v [ROWS, BLOCK_N] (fp32; masked lanes 0) and its fp8 copy: amax / TOP, as
+    `quantize_rows`, whose v / scale becomes v * (TOP / amax) here: one IEEE division per row, not
+    per value (~20 instructions each: as many as the pass's bytes allow); a value lands on the
+    other side of an fp8 rounding boundary only within an fp32 ulp of it."""
+    amax = tl.maximum(tl.max(tl.abs(v), axis=1), 1e-12)  # [ROWS]
+    scale = tl.div_rn(amax, tl.zeros_like(amax) + TOP)
+    inverse = tl.div_rn(tl.zeros_like(amax) + TOP, amax)
+    q = tl.minimum(tl.maximum(v * inverse[:, None], -TOP), TOP)
+    tl.store(q_ptr + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(s_ptr + rows, scale, mask=rows < M)
+
+
+@triton.jit
+def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, M, N, TOP: tl.constexpr, ROWS: tl.constexpr,
+                         BLOCK_N: tl.constexpr):
+    """q, s = rows of x [M, N] in fp8 with one scale per row."""
+    rows, offs, mask = _offsets(tl.program_id(0), M, N, ROWS, BLOCK_N)
+    _quantize_store(_load(x_ptr, offs, mask), q_ptr, s_ptr, rows, offs, mask, M, TOP)
+
+
+@triton.jit
+def cross_forward_kernel(x0_ptr, h_ptr, x_ptr, y_ptr, q_ptr, s_ptr, M, N, TOP: tl.constexpr,
+                         X_IS_X0: tl.constexpr, QUANT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """y = x0 * h + x (bf16), and (QUANT) its e4m3 copy with row scales."""
+    rows, offs, mask = _offsets(tl.program_id(0), M, N, ROWS, BLOCK_N)
+    x0 = _load(x0_ptr, offs, mask)
+    if X_IS_X0:
+        x = x0
+    else:
+        x = _load(x_ptr, offs, mask)
+    y = (x0 * _load(h_ptr, offs, mask) + x).to(tl.bfloat16)
+    tl.store(y_ptr + offs, y, mask=mask)
+    if QUANT:
+        _quantize_store(y.to(tl.float32), q_ptr, s_ptr, rows, offs, mask, M, TOP)
+
+
+@triton.jit
+def cross_dh_kernel(g_ptr, d0_ptr, d1_ptr, d2_ptr, x0_ptr, dh_ptr, q_ptr, s_ptr, parts_ptr, M, N, programs, iters,
+                    TOP: tl.constexpr, ND: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """G = ((g + d0) + d1) + d2 (the first ND; rounded after each sum), dh = G * x0 (bf16), its fp8
+    copy with row scales, and this program's column sums of dh in parts[pid] (`programs` persistent
+    programs stride over the row blocks, `iters` blocks each: one partial row per program, not per block)."""
+    pid = tl.program_id(0)
+    colsum = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for i in range(0, iters):
+        rows, offs, mask = _offsets(pid + i * programs, M, N, ROWS, BLOCK_N)  # past the end: all masked
+        g = _load(g_ptr, offs, mask)
+        if ND > 0:
+            g = _bf16(g + _load(d0_ptr, offs, mask))
+        if ND > 1:
+            g = _bf16(g + _load(d1_ptr, offs, mask))
+        if ND > 2:
+            g = _bf16(g + _load(d2_ptr, offs, mask))
+        dh = (g * _load(x0_ptr, offs, mask)).to(tl.bfloat16)
+        tl.store(dh_ptr + offs, dh, mask=mask)
+        dh = dh.to(tl.float32)
+        colsum += tl.sum(dh, axis=0)
+        _quantize_store(dh, q_ptr, s_ptr, rows, offs, mask, M, TOP)
+    cols = tl.arange(0, BLOCK_N)
+    tl.store(parts_ptr + pid * N + cols, colsum, mask=cols < N)
+
+
+@triton.jit
+def _take(acc, g, d_ptr, h_ptr, offs, mask):
+    """One layer, top down: acc += G_{l+1} * h_l; returns (acc, G_l = G_{l+1} + D_l in bf16)."""
+    acc += g * _load(h_ptr, offs, mask)
+    return acc, _bf16(g + _load(d_ptr, offs, mask))
+
+
+@triton.jit
+def cross_dx0_kernel(g_ptr, d0_ptr, d1_ptr, d2_ptr, d3_ptr, h0_ptr, h1_ptr, h2_ptr, h3_ptr, out_ptr, M, N,
+                     L: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dx0 = sum_l G_{l+1} * h_l + G_0 with G_l = G_{l+1} + D_l, layers top down (d0/h0 the top)."""
+    _, offs, mask = _offsets(tl.program_id(0), M, N, ROWS, BLOCK_N)
+    g = _load(g_ptr, offs, mask)
+    acc, g = _take(tl.zeros_like(g), g, d0_ptr, h0_ptr, offs, mask)
+    if L > 1:
+        acc, g = _take(acc, g, d1_ptr, h1_ptr, offs, mask)
+    if L > 2:
+        acc, g = _take(acc, g, d2_ptr, h2_ptr, offs, mask)
+    if L > 3:
+        acc, g = _take(acc, g, d3_ptr, h3_ptr, offs, mask)
+    tl.store(out_ptr + offs, (acc + g).to(tl.bfloat16), mask=mask)
