@@ -4,7 +4,8 @@ A path is named `kind[:option...]`: kind is naive | fused | fused-eager (no grap
 (graph + each dense module torch.compile'd) | fused-compile-head (graph + the model's whole `head`,
 everything after the lookup, compiled as one graph; DCNv2) | loop (what `ctrflow train` runs on one
 GPU: the loop's own `train_step` under `ctrflow.train.graphs.GraphedStep`, `compile_dense`, the
-loop's optimizers; no aligned Linear inputs; DCNv2's Adam) | plain (fp32 `EmbeddingCollection`,
+loop's optimizers; no aligned Linear inputs; dense Adam: DCNv2's, for DLRM `ctrflow train`'s default lr
+1e-3 with the tables' SGD of the other paths) | plain (fp32 `EmbeddingCollection`,
 torch optimizers: the quality reference). Options: `fp8` (what `ctrflow train --precision fp8` does:
 `ctrflow.train.fp8.apply_fp8`'s defaults: both products of every Linear >= 512 wide in fp8, row
 scales, e5m2 gradients, fast accumulation), `fp8w` (only the products whose quantized operand is
@@ -13,7 +14,8 @@ gradients), `foreach` (torch's multi-tensor Adam instead of the fused one), `unf
 option: DCNv2's cross layers stay `Fp8Linear` by `Fp8Linear` under inductor, as in sessions 2-3, instead
 of `ctrflow.train.fp8_cross.Fp8CrossNet`'s row kernels; same numbers up to bf16 roundings, so no AUC
 check of its own), `noabsorb` (with `fp8`: the deep MLP's first Linear stays its own `Fp8Linear` in the
-compiled graph instead of `Fp8CrossNet.absorb`ing it). Device call 2 of session
+compiled graph instead of `Fp8CrossNet.absorb`ing it), `nocompile` (with `loop`: `ctrflow train --compile off`; only DCNv2 has a compiled head).
+Device call 2 of session
 2 named these differently: its `fp8all:fastacc` is today's `fp8`, `fp8all` is `fp8:fp32acc`, `fp8`
 is `fp8w:fp32acc`, `fp8:fastacc` is `fp8w`.
 """
@@ -48,7 +50,7 @@ SMALL_ARCH = {"dlrm": {"bottom_mlp": (32, 16), "top_mlp": (64, 32)},
               "dcnv2": {"bottom_mlp": (32, 16), "deep_mlp": (64, 32), "cross_layers": 2, "cross_rank": 8}}
 TABLE_OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.SparseAdam, "rowwise_adagrad": RowwiseAdagrad}
 KINDS = ("naive", "fused", "fused-eager", "fused-compile", "fused-compile-head", "loop", "plain")
-OPTIONS = ("fp8", "fp8w", "fp8t", "fp32acc", "e4m3g", "foreach", "unfused", "noabsorb")
+OPTIONS = ("fp8", "fp8w", "fp8t", "fp32acc", "e4m3g", "foreach", "unfused", "noabsorb", "nocompile")
 FP8 = {"fp8", "fp8w", "fp8t"}
 PRECISION_OPTIONS = FP8 | {"e4m3g", "fp32acc"}
 GRAPHED = ("fused", "fused-compile", "fused-compile-head")
@@ -132,15 +134,16 @@ def build_path(name: str, args, sizes: list[int], device: torch.device, optim: t
 def build_loop_path(args, arch: dict, sizes: list[int], device: torch.device, optim: tuple, options: set[str]):
     """(model, step) as `ctrflow train` builds them on one GPU (tables drawn on the device, as the
     benchmark's other fused paths: `apply_fused` would first build 96 GB of plain tables on the host)."""
-    if device.type != "cuda" or optim[0] != "adam":
-        raise ValueError("the loop path needs CUDA and a dense Adam (--model dcnv2)")
+    if device.type != "cuda":
+        raise ValueError("the loop path needs CUDA")
     model = build_model(args.model, [1] * len(SPARSE), args.dim, **arch)
     make_fast(model, args, sizes, device, optim, compile_scope="", options=options, align=False)
     model.to(device)
-    compile_dense(model)
+    if "nocompile" not in options:
+        compile_dense(model)
     sparse = {"rowwise_adagrad": "adagrad", "adam": "lazy_adam"}.get(optim[2], optim[2])
     fused = FusedTables({"embeddings": model.embeddings}, sparse)
-    cfg = OptimConfig(dense="adam", lr=optim[1], sparse=sparse, sparse_lr=optim[3])
+    cfg = OptimConfig(dense="adam", lr=optim[1] if optim[0] == "adam" else 1e-3, sparse=sparse, sparse_lr=optim[3])
     optimizers = build_optimizers(model, cfg, fused)
     graphed = GraphedStep(train_step)
 
