@@ -14,31 +14,16 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import statistics
 
 import torch
 
 from ctrflow.models.layers import LowRankCrossNet
 from ctrflow.train import fp8_cross as C
 from ctrflow.train.fp8 import E4M3, E5M2, apply_fp8
+from cuda_timing import median_ms
 
 SHAPES = [  # (tile, warps, dh programs per SM, dh warps): LAUNCH settings tried by --sweep
     (4096, 4, 8, 4), (8192, 8, 4, 8), (8192, 16, 2, 16)]
-
-
-def timed(fn, reps: int = 20) -> float:
-    """Median ms of `fn()` over `reps` runs after 3 warm-up runs."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def kernel_times(m: int, n: int, layers: int) -> dict:
@@ -61,7 +46,7 @@ def kernel_times(m: int, n: int, layers: int) -> dict:
     }
     out = {}
     for name, (fn, passes) in cases.items():
-        ms = timed(fn)
+        ms = median_ms(fn)
         out[name] = {"ms": round(ms, 4), "passes": passes, "GB_s": round(passes * bytes_p / ms / 1e6)}
     return out
 
@@ -82,7 +67,7 @@ def net_times(m: int, n: int, rank: int, layers: int) -> dict:
             with torch.autocast("cuda", torch.bfloat16):
                 y = net(x0)
             y.backward(grad)
-        out[name] = round(timed(step, reps=10), 3)
+        out[name] = round(median_ms(step, reps=10), 3)
     return out
 
 

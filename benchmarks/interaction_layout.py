@@ -23,6 +23,7 @@ import torch
 import triton
 
 from ctrflow.embedding.fused import interaction as fi
+from cuda_timing import median_ms
 
 # sharded_scale's 4-GPU plan: rank -> the (0-based) features it holds whole; the other 18 replicated
 RANKS = {0: [11, 19], 1: [0, 22], 2: [10, 21], 3: [9, 20]}
@@ -39,21 +40,6 @@ def exchange_rows(gap: int) -> torch.Tensor:
             rows[:, f] = torch.tensor([start, len(group), k + i * gap])
         start += len(group)
     return rows
-
-
-def time_us(fn, reps: int = 20) -> float:
-    """Median microseconds of `fn()` over `reps` CUDA-event timings (after 3 warm-up calls)."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return sorted(times)[len(times) // 2]
 
 
 def measure(batch: int, dim: int, rows: torch.Tensor | None, extra: int, warps: int | None = None,
@@ -86,7 +72,7 @@ def measure(batch: int, dim: int, rows: torch.Tensor | None, extra: int, warps: 
                                                     **common, **bwd_opts)
 
     kernels = {"fwd": forward(), "bwd": backward()}
-    record = {"forward_us": round(time_us(forward), 1), "backward_us": round(time_us(backward), 1)}
+    record = {"forward_us": round(median_ms(forward) * 1e3, 1), "backward_us": round(median_ms(backward) * 1e3, 1)}
     for name, k in kernels.items():
         record[f"{name}_regs"], record[f"{name}_spills"] = getattr(k, "n_regs", None), getattr(k, "n_spills", None)
     return record
