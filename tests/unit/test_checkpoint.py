@@ -78,10 +78,10 @@ def test_a_changed_file_is_detected(tmp_path):
     cfg, model, optimizers, _ = trained("dcnv2", steps=1)
     step_dir = save(cfg, model, optimizers, tmp_path, 1)
     meta = json.loads((step_dir / "meta.json").read_text())
-    assert set(meta["sha256"]) >= {"model.pt", "optimizer.pt"}
-    with open(step_dir / "model.pt", "ab") as f:
+    assert set(meta["sha256"]) >= {"dense.pt", "optimizer.pt", "tables/embeddings.t_C1.pt"}
+    with open(step_dir / "tables" / "embeddings.t_C1.pt", "ab") as f:
         f.write(b"x")
-    with pytest.raises(UserError, match="model.pt: sha256 mismatch"):
+    with pytest.raises(UserError, match="embeddings.t_C1.pt: sha256 mismatch"):
         load_model(tmp_path)
 
 

@@ -15,6 +15,7 @@ from ctrflow.errors import UserError
 from ctrflow.models import build_model
 from ctrflow.train import fused as fused_path
 from ctrflow.train.checkpoint import load_model, resolve_checkpoint
+from ctrflow.train.checkpoint_tables import read_model_state, read_optimizer_state
 from ctrflow.train.distributed import Runtime
 from ctrflow.train.loop import train
 from train_fixtures import one_thread, write_processed  # noqa: F401 (autouse fixture)
@@ -41,10 +42,11 @@ def test_fused_run_learns_and_its_checkpoint_loads_on_the_plain_path(data_dir, t
     summary = train(config(data_dir, out, max_steps=16))
     assert summary["valid_auc"] > 0.55  # above chance after 16 small steps
     model, _schema, meta = load_model(out)  # evaluate/export's reader: a plain CPU model
-    saved = torch.load(resolve_checkpoint(out) / "model.pt", weights_only=True)["tables"]
+    step_dir = resolve_checkpoint(out)
+    saved = read_model_state(step_dir, meta)["tables"]  # one file per table, mapped when read
     assert meta["step"] == 16 and len(saved) == 26
     torch.testing.assert_close(model.embeddings.full_weights()["t_C1"], saved["embeddings.t_C1"])
-    optim = torch.load(resolve_checkpoint(out) / "optimizer.pt", weights_only=True)["sparse"]
+    optim = read_optimizer_state(step_dir, meta)["sparse"]
     assert optim["kinds"]["t_C1"] == "lazy_adam" and optim["tables"]["t_C1"]["exp_avg"].shape == (30, 16)
 
 

@@ -107,6 +107,12 @@ class EmbeddingCollection(nn.Module):
         self.materialize()
         return {t.name: self.weights[t.name].detach() for t in self.tables}
 
+    def full_table(self, name: str) -> torch.Tensor:
+        """One whole table (a view): checkpoints are written one table at a time, so the sharded
+        collections, which must gather, never hold two whole tables; this is the same face."""
+        self.materialize()
+        return self.weights[name].detach()
+
 
 def materialize_tables(model: nn.Module) -> None:
     """Draw every deferred `EmbeddingCollection` left in `model` (those no faster path took)."""

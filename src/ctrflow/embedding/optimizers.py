@@ -128,19 +128,35 @@ class SparseOptimizer(torch.optim.Optimizer):
 
     def state_dict(self) -> dict:
         """Whole-table state by table name (collective when tables are sharded: call on every rank)."""
-        local = {g["table"]: self.state.get(g["params"][0], {}) for g in self.param_groups if g["params"]}
         tables = {}
-        for coll in self.collections.values():
-            gather = getattr(coll, "gather_table", None)
-            for t in coll.tables:
-                state = local.get(t.name, {})
-                keys = _STATE_KEYS[self.table_kinds[t.name]]
-                if gather is not None:  # sharded: every rank joins, holder or not, in one order
-                    tables[t.name] = {k: gather(t.name, state.get(k), per_row=k == "sum") for k in keys}
-                else:
-                    tables[t.name] = {k: state[k].detach().cpu().clone() for k in keys if k in state}
-        return {"steps": self.steps, "lr": self.param_groups[0]["lr"], "kinds": dict(self.table_kinds),
-                "tables": tables}
+        for name in self.table_kinds:
+            tables[name] = {}
+            for key in self.state_keys(name):
+                whole = self.whole_state(name, key)
+                if whole is not None:
+                    tables[name][key] = whole
+        return {**self.header(), "tables": tables}
+
+    def header(self) -> dict:
+        """Everything of `state_dict()` but the tables' state: step count, lr and each table's kind."""
+        return {"steps": self.steps, "lr": self.param_groups[0]["lr"], "kinds": dict(self.table_kinds)}
+
+    def state_keys(self, name: str) -> tuple[str, ...]:
+        """The state tensors table `name`'s kind keeps ("sum"; "exp_avg", "exp_avg_sq"; none for SGD)."""
+        return _STATE_KEYS[self.table_kinds[name]]
+
+    def whole_state(self, name: str, key: str) -> torch.Tensor | None:
+        """One state tensor of one whole table, on CPU (None: an unsharded table not stepped yet).
+
+        Collective when the table is sharded: every rank calls it, holder or not, in one order.
+        Checkpoints write through it one table and key at a time, so no two whole tensors coexist.
+        """
+        local = next((self.state.get(g["params"][0], {}) for g in self.param_groups
+                      if g["table"] == name and g["params"]), {}).get(key)
+        gather = getattr(self._owner[name], "gather_table", None)
+        if gather is not None:
+            return gather(name, local, per_row=key == "sum")
+        return None if local is None else local.detach().to("cpu", copy=True)
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Restore from whole-table state (written on any number of ranks)."""

@@ -192,8 +192,11 @@ class ShardedEmbeddingCollection(nn.Module):
 
     def full_weights(self) -> dict[str, torch.Tensor]:
         """Whole tables by name, on CPU (collective: every rank must call it)."""
-        return {t.name: self.gather_table(t.name, self.weights[t.name] if t.name in self.weights else None)
-                for t in self.tables}
+        return {t.name: self.full_table(t.name) for t in self.tables}
+
+    def full_table(self, name: str) -> torch.Tensor:
+        """One whole table, on CPU (collective): checkpoints gather and write one table at a time."""
+        return self.gather_table(name, self.weights[name] if name in self.weights else None)
 
     @torch.no_grad()
     def load_full_weights(self, tables: dict[str, torch.Tensor]) -> None:

@@ -3,9 +3,14 @@ position and RNG, written atomically with sha256 checksums.
 
 Layout of a checkpoint directory `CKPT/`:
     schema.json  config.json  metrics.jsonl  latest        (`latest` holds e.g. "step_00000097")
-    step_00000097/  model.pt  optimizer.pt  rng.pt  schema.json  meta.json
-`meta.json` records step, epoch, batch index, the model's name and architecture, the config and
-each file's sha256. A step directory is written under a temporary name and renamed when complete.
+    step_00000097/  dense.pt  optimizer.pt  rng.pt  schema.json  meta.json
+                    tables/<path>.<table>.pt  table_state/<table>.<key>.pt   (`checkpoint_tables`)
+`dense.pt` holds the dense weights; `optimizer.pt` the dense optimizer's state and the sparse one's
+step count, lr and kinds; each table and each of its state tensors has a file of its own, written
+one at a time so rank 0 never holds the whole model (format 2). `meta.json` records step, epoch,
+batch index, the model's name and architecture, the config, the table files and each file's
+sha256. A step directory is written under a temporary name and renamed when complete.
+Format 1 (one `model.pt` with every table, one `optimizer.pt` with every table's state) still reads.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import os
 import random
 import shutil
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +31,13 @@ from torch import nn
 
 from ctrflow.config import TrainConfig
 from ctrflow.data.schema import Schema
-from ctrflow.embedding.sharded import gathered_on_main
 from ctrflow.errors import UserError
 from ctrflow.models import build_model, embedding_collections
+from ctrflow.train.checkpoint_tables import read_model_state, read_optimizer_state, save_hashed, write_tables
 from ctrflow.train.distributed import Runtime, barrier
 from ctrflow.train.optim import Optimizers
 
-FORMAT = 1
-FILES = ("model.pt", "optimizer.pt", "rng.pt", "schema.json")
+FORMAT = 2
 
 
 def model_state(model: nn.Module) -> dict[str, dict[str, torch.Tensor]]:
@@ -45,30 +50,54 @@ def model_state(model: nn.Module) -> dict[str, dict[str, torch.Tensor]]:
     for path, collection in paths.items():
         for name, weight in collection.full_weights().items():
             tables[f"{path}.{name}"] = weight.detach().cpu()
-    dense = {k: v.detach().cpu() for k, v in model.state_dict().items()
-             if not any(k.startswith(p + ".") for p in paths)}
-    return {"tables": tables, "dense": dense}
+    return {"tables": tables, "dense": dense_state(model)}
 
 
-def load_model_state(model: nn.Module, state: dict[str, dict[str, torch.Tensor]]) -> None:
-    """Inverse of `model_state`, for any sharding of `model`; names what does not fit."""
+def dense_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state_dict without its embedding collections, on CPU (small)."""
+    paths = embedding_collections(model)
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()
+            if not any(k.startswith(p + ".") for p in paths)}
+
+
+class _CheckedTables(Mapping):
+    """One collection's view of a checkpoint's tables (`{"<path>.<table>": tensor}`, a dict or
+    files mapped on demand): by table name, each checked against the model's config when taken,
+    so a collection that loads table by table maps one file at a time."""
+
+    def __init__(self, saved: Mapping, path: str, collection: nn.Module):
+        self.saved, self.path = saved, path
+        self.configs = {t.name: t for t in collection.tables}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        t = self.configs[name]  # names and shapes from the configs: no whole table is gathered
+        saved = self.saved.get(f"{self.path}.{name}")
+        if saved is None:
+            raise UserError(f"checkpoint has no table {self.path}.{name}")
+        if tuple(saved.shape) != (t.num_embeddings, t.embedding_dim):
+            raise UserError(f"table {self.path}.{name}: checkpoint shape {tuple(saved.shape)} "
+                            f"!= model {(t.num_embeddings, t.embedding_dim)}")
+        return saved
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.configs)
+
+    def __len__(self) -> int:
+        return len(self.configs)
+
+
+def load_model_state(model: nn.Module, state: dict[str, Any]) -> None:
+    """Inverse of `model_state`, for any sharding of `model`; names what does not fit.
+    `state["tables"]` may be a dict or `checkpoint_tables.TableFiles` (mapped one at a time)."""
     paths = embedding_collections(model)
     for path, collection in paths.items():
-        tables = {}
-        for t in collection.tables:  # names and shapes from the configs: no whole table is gathered
-            saved = state["tables"].get(f"{path}.{t.name}")
-            if saved is None:
-                raise UserError(f"checkpoint has no table {path}.{t.name}")
-            if tuple(saved.shape) != (t.num_embeddings, t.embedding_dim):
-                raise UserError(f"table {path}.{t.name}: checkpoint shape {tuple(saved.shape)} "
-                                f"!= model {(t.num_embeddings, t.embedding_dim)}")
-            tables[t.name] = saved
+        tables = _CheckedTables(state["tables"], path, collection)
         if hasattr(collection, "load_full_weights"):  # a sharded collection keeps only its shards
             collection.load_full_weights(tables)
         else:
             with torch.no_grad():
-                for name, saved in tables.items():
-                    collection.weights[name].copy_(saved)
+                for name in tables:
+                    collection.weights[name].copy_(tables[name])
     result = model.load_state_dict(state["dense"], strict=False)
     missing = [k for k in result.missing_keys if not any(k.startswith(p + ".") for p in paths)]
     if missing or result.unexpected_keys:
@@ -117,23 +146,25 @@ def save_checkpoint(out: str | Path, model: nn.Module, optimizers: Optimizers, p
     `epoch`. Every process calls this (tables may be gathered); rank 0 writes.
     """
     out = Path(out)
-    with gathered_on_main():  # only rank 0 assembles whole tables: the others hold their shards alone
-        state = model_state(model)
-        optim_state = optimizers.state_dict()
     final = out / f"step_{position['step']:08d}"
+    tmp = None
     if runtime.is_main:
         for stale in out.glob(".tmp-step_*"):  # left by a killed run: never complete, never read
             shutil.rmtree(stale, ignore_errors=True)
         tmp = out / f".tmp-{final.name}-{os.getpid()}"
         tmp.mkdir(parents=True)
-        torch.save(state, tmp / "model.pt")
-        torch.save(optim_state, tmp / "optimizer.pt")
-        torch.save(rng_state(), tmp / "rng.pt")
+    # collective, table by table: rank 0 writes each whole table (and state) and drops it
+    files, digests = write_tables(model, optimizers, tmp)
+    if tmp is not None:
+        digests["dense.pt"] = save_hashed(dense_state(model), tmp / "dense.pt")
+        digests["optimizer.pt"] = save_hashed(optimizers.header(), tmp / "optimizer.pt")
+        digests["rng.pt"] = save_hashed(rng_state(), tmp / "rng.pt")
         schema.save(tmp / "schema.json")
+        digests["schema.json"] = sha256(tmp / "schema.json")
         meta = {"format": FORMAT, **position, "model": model_meta(config), "config": config.to_dict(),
                 "world_size": runtime.world_size,
                 "metrics": metrics or {}, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "sha256": {name: sha256(tmp / name) for name in FILES}}
+                "files": files, "sha256": digests}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
         if final.exists():  # the same step saved again (end of epoch == last step)
             shutil.rmtree(final)
@@ -179,6 +210,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
 def read_meta(step_dir: Path, verify: bool = True) -> dict[str, Any]:
     """`meta.json` of a step directory, after checking every file's sha256."""
     meta = json.loads((step_dir / "meta.json").read_text())
+    if meta.get("format", 1) > FORMAT:
+        raise UserError(f"{step_dir / 'meta.json'}: checkpoint format {meta['format']} is newer than this "
+                        f"ctrflow reads ({FORMAT}); update ctrflow")
     if verify:
         for name, digest in meta["sha256"].items():
             if not (step_dir / name).exists():
@@ -202,9 +236,8 @@ def restore_checkpoint(path: str | Path, model: nn.Module, optimizers: Optimizer
     step_dir = resolve_checkpoint(path)
     meta = read_meta(step_dir)
     # memory-mapped: each process copies only its shards' rows, the page cache is shared between them
-    load_model_state(model, torch.load(step_dir / "model.pt", map_location="cpu", weights_only=True, mmap=True))
-    optimizers.load_state_dict(torch.load(step_dir / "optimizer.pt", map_location="cpu", weights_only=True,
-                                          mmap=True))
+    load_model_state(model, read_model_state(step_dir, meta))
+    optimizers.load_state_dict(read_optimizer_state(step_dir, meta))
     if restore_rng:
         set_rng_state(torch.load(step_dir / "rng.pt", weights_only=True))
     return meta
@@ -217,5 +250,5 @@ def load_model(ckpt_dir: str | Path) -> tuple[nn.Module, Schema, dict[str, Any]]
     schema = Schema.load(step_dir / "schema.json")
     m = meta["model"]
     model = build_model(m["name"], schema, m["embedding_dim"], seed=m.get("seed", 0), **m["arch"])
-    load_model_state(model, torch.load(step_dir / "model.pt", map_location="cpu", weights_only=True))
+    load_model_state(model, read_model_state(step_dir, meta))
     return model.eval(), schema, meta

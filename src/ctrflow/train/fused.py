@@ -116,28 +116,32 @@ def apply_fused(model: nn.Module, cfg: OptimConfig, device: torch.device,
 
 
 class FusedTables:
-    """The optimizer face of the fused collections: learning rate and state in `SparseOptimizer`'s
-    format (`kinds`, whole-table `tables` by name, `steps`), so checkpoints cross paths."""
+    """The optimizer face of the fused collections: learning rate, and state in `SparseOptimizer`'s
+    format (`table_kinds`; `whole_state` of one table and key, as checkpoints write it table by
+    table; `load_state_dict`), so checkpoints cross paths."""
 
     def __init__(self, collections: dict[str, nn.Module], sparse: str):
         self.collections = collections
         self.kind = FUSED_KINDS[sparse][1]
+        self._owner = {t.name: coll for coll in collections.values() for t in coll.tables}
+        self.table_kinds = {name: self.kind for name in self._owner}
 
     def set_lr(self, lr: float) -> None:
         """Learning rate of the next steps (a device write, no sync)."""
         for coll in self.collections.values():
             coll.set_lr(lr)
 
-    def state_dict(self) -> dict[str, Any]:
-        """`{"kinds": {table: kind}, "tables": {table: {key: [rows(, D)] tensor}}}` on the CPU
-        (collective when the tables are sharded)."""
-        tables = {}
-        for coll in self.collections.values():
-            tables.update(coll.table_states(_STATE[self.kind]))
-        return {"kinds": {name: self.kind for name in tables}, "tables": tables}
+    def state_keys(self, name: str) -> tuple[str, ...]:
+        """The state tensors every fused table keeps, in the plain kind's names."""
+        return tuple(_STATE[self.kind])
+
+    def whole_state(self, name: str, key: str) -> torch.Tensor:
+        """One state tensor of one whole table, on the CPU (collective when the tables are sharded)."""
+        return self._owner[name].table_state(name, _STATE[self.kind][key])
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Inverse of `state_dict`, from a checkpoint of any path (names a table or kind that differs)."""
+        """Take the sparse part of `Optimizers.state_dict()` (or of a checkpoint, tables mapped on demand),
+        written on any path (names a table or kind that differs)."""
         for coll in self.collections.values():
             for t in coll.tables:
                 saved_kind = state["kinds"].get(t.name)

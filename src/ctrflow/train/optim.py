@@ -60,12 +60,33 @@ class Optimizers:
     def state_dict(self) -> dict[str, Any]:
         """Dense state as torch saves it; sparse state as whole tables by name (topology-independent;
         collective when tables are sharded)."""
-        sparse = self.sparse.state_dict() if self.sparse else {}
-        if self.fused is not None:  # one format for plain and fused tables: checkpoints cross paths
-            fused = self.fused.state_dict()
-            sparse["kinds"] = {**sparse.get("kinds", {}), **fused["kinds"]}
-            sparse["tables"] = {**sparse.get("tables", {}), **fused["tables"]}
+        state = self.header()
+        state["sparse"]["tables"] = {
+            name: {k: v for k in self.state_keys(name) if (v := self.whole_state(name, k)) is not None}
+            for name in state["sparse"].get("kinds", {})}
+        return state
+
+    def header(self) -> dict[str, Any]:
+        """`state_dict()` without the tables' state (small: dense state, sparse step count, lr, kinds).
+        One format for plain and fused tables: checkpoints cross paths."""
+        sparse = self.sparse.header() if self.sparse else {}
+        if self.fused is not None:
+            sparse["kinds"] = {**sparse.get("kinds", {}), **self.fused.table_kinds}
         return {"dense": self.dense.state_dict(), "sparse": sparse}
+
+    def state_keys(self, name: str) -> tuple[str, ...]:
+        """The state tensors of table `name` (by table name, whichever optimizer steps it)."""
+        return self._stepper(name).state_keys(name)
+
+    def whole_state(self, name: str, key: str) -> torch.Tensor | None:
+        """One state tensor of one whole table on the CPU (collective when sharded; see `SparseOptimizer`)."""
+        return self._stepper(name).whole_state(name, key)
+
+    def _stepper(self, name: str):
+        for opt in (self.fused, self.sparse):
+            if opt is not None and name in opt.table_kinds:
+                return opt
+        raise KeyError(f"no optimizer steps table {name}")
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Inverse of `state_dict`, on any number of processes."""

@@ -115,6 +115,16 @@ class FusedEmbeddingCollection(nn.Module):
             out[t.name] = self.weight[start:start + t.num_embeddings].detach()
         return out
 
+    def full_table(self, name: str) -> torch.Tensor:
+        """One whole table (a view of the buffer): the per-table face checkpoints write through."""
+        start, rows = self._span(name)
+        return self.weight[start:start + rows].detach()
+
+    def _span(self, name: str) -> tuple[int, int]:
+        """(first row in the one buffer, rows) of table `name`."""
+        index = next(i for i, t in enumerate(self.tables) if t.name == name)
+        return int(self.offsets[index]), self.tables[index].num_embeddings
+
     @torch.no_grad()
     def load_full_weights(self, tables: dict[str, torch.Tensor]) -> None:
         """Overwrite every table from whole tables by name (a checkpoint's; any dtype or device)."""
@@ -138,6 +148,12 @@ class FusedEmbeddingCollection(nn.Module):
         return {t.name: {key: state[src][start:start + t.num_embeddings].detach().cpu().clone()
                          for key, src in keys.items()}
                 for t, start in zip(self.tables, self.offsets.tolist())}
+
+    def table_state(self, name: str, src: str) -> torch.Tensor:
+        """`state[src]` ("state1" or "state2") rows of one table, copied to the CPU (what a
+        checkpoint writes, one table and one state at a time)."""
+        start, rows = self._span(name)
+        return self.optimizer_state()[src][start:start + rows].detach().to("cpu", copy=True)  # one copy, CPU or GPU
 
     @torch.no_grad()
     def load_table_states(self, keys: dict[str, str], tables: dict[str, dict[str, torch.Tensor]],

@@ -27,13 +27,15 @@ class WholeTables:
                 parts[t.name] = (self.replica, start, (0, t.num_embeddings))
         return parts
 
-    def _gather(self, read, per_row: bool = False) -> dict[str, torch.Tensor]:
+    def _gather(self, read, per_row: bool = False, names: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
         """Whole tables by name of `read(collection, start, n)`, a local [n, D] (or [n] with
-        `per_row`) tensor; collective, on CPU."""
+        `per_row`) tensor, for every table or those in `names`; collective, on CPU."""
         self.flush()
         parts = self._parts()
         out = {}
         for t in self.tables:
+            if names is not None and t.name not in names:
+                continue
             local = None
             if t.name in parts:
                 coll, start, rows = parts[t.name]
@@ -47,6 +49,10 @@ class WholeTables:
     def full_weights(self) -> dict[str, torch.Tensor]:
         """Whole tables by name, on CPU (collective: every rank must call it)."""
         return self._gather(lambda coll, start, n: coll.weight[start:start + n])
+
+    def full_table(self, name: str) -> torch.Tensor:
+        """One whole table, on CPU (collective): checkpoints gather and write one table at a time."""
+        return self._gather(lambda coll, start, n: coll.weight[start:start + n], names=(name,))[name]
 
     @torch.no_grad()
     def load_full_weights(self, tables: dict[str, torch.Tensor]) -> None:
@@ -63,11 +69,17 @@ class WholeTables:
         (src "state1"/"state2" of the fused row state); collective, on CPU."""
         out: dict[str, dict[str, torch.Tensor]] = {t.name: {} for t in self.tables}
         for key, src in keys.items():
-            per_row = src == "state1" and self._optimizer() == "rowwise_adagrad"
-            whole = self._gather(lambda coll, start, n: coll.optimizer_state()[src][start:start + n], per_row)
-            for name, value in whole.items():
+            for name, value in self._gather_state(src).items():
                 out[name][key] = value
         return out
+
+    def table_state(self, name: str, src: str) -> torch.Tensor:
+        """`state[src]` of one whole table, on CPU (collective): one table and state at a time."""
+        return self._gather_state(src, (name,))[name]
+
+    def _gather_state(self, src: str, names: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
+        per_row = src == "state1" and self._optimizer() == "rowwise_adagrad"
+        return self._gather(lambda coll, start, n: coll.optimizer_state()[src][start:start + n], per_row, names)
 
     @torch.no_grad()
     def load_table_states(self, keys: dict[str, str], tables: dict[str, dict[str, torch.Tensor]], steps: float) -> None:

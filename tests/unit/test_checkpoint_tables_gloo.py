@@ -1,0 +1,98 @@
+"""Two gloo ranks on CPU: a format-2 checkpoint of sharded tables (plain and fused) is written one whole
+table at a time on rank 0, and resumes on 2 processes (another sharding) and on 1 process with the
+same weights and optimizer state as before the save."""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import ctrflow.embedding.fused.sharded_state as fused_state
+import ctrflow.embedding.sharded as sharded
+from ctrflow.embedding.collection import deferred_tables
+from ctrflow.models import build_model
+from ctrflow.train.checkpoint import restore_checkpoint, save_checkpoint
+from ctrflow.train.distributed import Runtime, parallelize
+from ctrflow.train.fused import FusedTables, fused_collections, sharded_options
+from ctrflow.train.optim import build_optimizers, sparse_memory
+from test_checkpoint_tables import SCHEMA, assert_same, build, config, snapshot, train_steps
+
+# name -> (sparse optimizer, fused, sharding when saved, sharding when resumed on 2 ranks)
+CASES = {"plain": ("lazy_adam", False, "row", "column"), "fused": ("adagrad", True, "row", "table")}
+
+
+def build_sharded(cfg, runtime, fused: bool, sharding: str, seed: int = 0):
+    """What `ctrflow train` builds under torchrun: tables drawn shard by shard, dense part under DDP."""
+    with deferred_tables():
+        model = build_model("dlrm", SCHEMA, cfg.model.embedding_dim, seed=seed, **cfg.model.arch_kwargs())
+    options = sharded_options(cfg.optim, None) if fused else None
+    model = parallelize(model, runtime, sharding, None, sparse_memory(cfg.optim), options)
+    tables = FusedTables(fused_collections(model), cfg.optim.sparse) if fused else None
+    return model, build_optimizers(model, cfg.optim, tables)
+
+
+class GatherLog:
+    """Wraps `gather_whole` during a save: at every gather, how many whole tensors gathered before are
+    still alive, and how many table files rank 0 has written so far."""
+
+    def __init__(self, out):
+        self.out, self.refs, self.calls = out, [], []
+        self.original = sharded.gather_whole
+
+    def __call__(self, *args, **kwargs):
+        alive = sum(ref() is not None for ref in self.refs)
+        written = sum(1 for d in ("tables", "table_state") for _ in self.out.glob(f".tmp-*/{d}/*.pt"))
+        self.calls.append((alive, written))
+        whole = self.original(*args, **kwargs)
+        self.refs.append(weakref.ref(whole))
+        return whole
+
+    def __enter__(self):
+        sharded.gather_whole = fused_state.gather_whole = self
+        return self
+
+    def __exit__(self, *exc):
+        sharded.gather_whole = fused_state.gather_whole = self.original
+
+
+def one_case(name, rank, world, out, results):
+    sparse, fused, saved_as, resumed_as = CASES[name]
+    cfg = config(sparse, dim=16)
+    runtime = Runtime(rank, world, rank, torch.device("cpu"))
+    model, optimizers = build_sharded(cfg, runtime, fused, saved_as)
+    train_steps(model, optimizers, rank=rank, world=world)
+    before = snapshot(model, optimizers)
+    with GatherLog(out) as log:
+        save_checkpoint(out, model, optimizers, {"step": 2, "epoch": 0, "batch": 2}, cfg, SCHEMA, runtime)
+    again, again_opt = build_sharded(cfg, runtime, fused, resumed_as, seed=5)
+    restore_checkpoint(out, again, again_opt)
+    assert_same(snapshot(again, again_opt), before)
+    if rank == 0:
+        one, one_opt = build(cfg, fused=False, seed=7)  # one process, plain: no collective
+        restore_checkpoint(out, one, one_opt)
+        assert_same(snapshot(one, one_opt), before)
+        results[name] = log.calls
+
+
+def worker(rank, world, store, root, results):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        for name in CASES:
+            one_case(name, rank, world, root / name, results)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_sharded_save_holds_one_whole_table_and_resumes_on_two_and_one_process(tmp_path):
+    results = mp.Manager().dict()
+    mp.spawn(worker, args=(2, str(tmp_path / "store"), tmp_path, results), nprocs=2, join=True)
+    # per table: the weights, then each state tensor (lazy Adam 2, row-wise Adagrad 1)
+    for name, per_table in (("plain", 3), ("fused", 2)):
+        calls = results[name]
+        assert len(calls) == 26 * per_table
+        assert max(alive for alive, _ in calls) == 0  # every whole tensor dropped before the next gather
+        assert [written for _, written in calls] == list(range(len(calls)))  # ... once its file was written
