@@ -1,11 +1,14 @@
 """Two gloo ranks on CPU: a format-2 checkpoint of sharded tables (plain and fused) is written one whole
 table at a time on rank 0, and resumes on 2 processes (another sharding) and on 1 process with the
-same weights and optimizer state as before the save."""
+same weights and optimizer state as before the save; the ranks split the checksums, and a bad file
+one of them finds stops both."""
 
 from __future__ import annotations
 
+import json
 import weakref
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -13,6 +16,7 @@ import torch.multiprocessing as mp
 import ctrflow.embedding.fused.sharded_state as fused_state
 import ctrflow.embedding.sharded as sharded
 from ctrflow.embedding.collection import deferred_tables
+from ctrflow.errors import UserError
 from ctrflow.models import build_model
 from ctrflow.train.checkpoint import restore_checkpoint, save_checkpoint
 from ctrflow.train.distributed import Runtime, parallelize
@@ -68,13 +72,21 @@ def one_case(name, rank, world, out, results):
     with GatherLog(out) as log:
         save_checkpoint(out, model, optimizers, {"step": 2, "epoch": 0, "batch": 2}, cfg, SCHEMA, runtime)
     again, again_opt = build_sharded(cfg, runtime, fused, resumed_as, seed=5)
-    restore_checkpoint(out, again, again_opt)
+    restore_checkpoint(out, again, again_opt, runtime=runtime)  # the ranks split the checksums
     assert_same(snapshot(again, again_opt), before)
     if rank == 0:
         one, one_opt = build(cfg, fused=False, seed=7)  # one process, plain: no collective
         restore_checkpoint(out, one, one_opt)
         assert_same(snapshot(one, one_opt), before)
         results[name] = log.calls
+    dist.barrier()
+    if rank == 0:  # the second file in name order: rank 1 checks it, rank 0 must refuse too
+        second = sorted(json.loads(next(out.glob("step_*/meta.json")).read_text())["sha256"])[1]
+        path = next(out.glob("step_*")) / second
+        path.write_bytes(path.read_bytes()[:-1] + b"x")
+    dist.barrier()
+    with pytest.raises(UserError, match="sha256 mismatch"):
+        restore_checkpoint(out, again, again_opt, runtime=runtime)
 
 
 def worker(rank, world, store, root, results):

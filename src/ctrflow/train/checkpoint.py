@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ctrflow.config import TrainConfig
@@ -207,14 +208,16 @@ def resolve_checkpoint(path: str | Path) -> Path:
     raise UserError(f"{path}: not a ctrflow checkpoint (no meta.json or latest)")
 
 
-def read_meta(step_dir: Path, verify: bool = True) -> dict[str, Any]:
-    """`meta.json` of a step directory, after checking every file's sha256."""
+def read_meta(step_dir: Path, verify: bool = True, share: tuple[int, int] = (0, 1)) -> dict[str, Any]:
+    """`meta.json` of a step directory, after checking every file's sha256 (`share` (i, n): only
+    every n-th file from the i-th, in name order: the processes of a resume split the reading)."""
     meta = json.loads((step_dir / "meta.json").read_text())
     if meta.get("format", 1) > FORMAT:
         raise UserError(f"{step_dir / 'meta.json'}: checkpoint format {meta['format']} is newer than this "
                         f"ctrflow reads ({FORMAT}); update ctrflow")
     if verify:
-        for name, digest in meta["sha256"].items():
+        for name in sorted(meta["sha256"])[share[0]::share[1]]:
+            digest = meta["sha256"][name]
             if not (step_dir / name).exists():
                 raise UserError(f"{step_dir / name}: missing from the checkpoint")
             if sha256(step_dir / name) != digest:
@@ -231,15 +234,35 @@ def check_schema(trained: Schema, data: Schema, what: str) -> None:
 
 
 def restore_checkpoint(path: str | Path, model: nn.Module, optimizers: Optimizers,
-                       restore_rng: bool = True) -> dict[str, Any]:
-    """Load weights, optimizer state and RNG into a built model; returns the meta (position)."""
+                       restore_rng: bool = True, runtime: Runtime | None = None) -> dict[str, Any]:
+    """Load weights, optimizer state and RNG into a built model; returns the meta (position).
+    `runtime` of N processes (collective: all call it): they split the checksums' reading."""
     step_dir = resolve_checkpoint(path)
-    meta = read_meta(step_dir)
+    meta = _read_meta_shared(step_dir, runtime)
     # memory-mapped: each process copies only its shards' rows, the page cache is shared between them
     load_model_state(model, read_model_state(step_dir, meta))
     optimizers.load_state_dict(read_optimizer_state(step_dir, meta))
     if restore_rng:
         set_rng_state(torch.load(step_dir / "rng.pt", weights_only=True))
+    return meta
+
+
+def _read_meta_shared(step_dir: Path, runtime: Runtime | None) -> dict[str, Any]:
+    """`read_meta` with the files' checks split among the processes: each reads its share once,
+    instead of every process reading the whole checkpoint (hundreds of GB at the MLPerf shape; the
+    loads read only a process's own rows); a bad file seen by any process raises on all of them."""
+    if runtime is None or not runtime.distributed:
+        return read_meta(step_dir)
+    meta, error = None, None
+    try:
+        meta = read_meta(step_dir, share=(runtime.rank, runtime.world_size))
+    except UserError as err:
+        error = str(err)
+    errors: list[str | None] = [None] * runtime.world_size
+    dist.all_gather_object(errors, error)
+    first = next((e for e in errors if e), None)
+    if first is not None:
+        raise UserError(first)
     return meta
 
 

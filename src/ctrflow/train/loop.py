@@ -203,7 +203,7 @@ def _resume(s: Session) -> Path:
     diffs = [f"{k} {trained.get(k)} != {wanted[k]}" for k in wanted if trained.get(k) != wanted[k]]
     if diffs:
         raise UserError(f"--resume {s.config.resume}: the checkpoint's model differs: " + "; ".join(diffs))
-    meta = checkpoint.restore_checkpoint(step_dir, s.model, s.optimizers)
+    meta = checkpoint.restore_checkpoint(step_dir, s.model, s.optimizers, runtime=s.runtime)
     s.step, s.epoch, s.batch = meta["step"], meta["epoch"], meta["batch"]
     print0(f"ctrflow train: resumed from {step_dir} at step {s.step} (epoch {s.epoch}, batch {s.batch})")
     return step_dir.parent / "metrics.jsonl"
