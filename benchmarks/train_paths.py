@@ -4,13 +4,14 @@ A path is named `kind[:option...]`: kind is naive | fused | fused-eager (no grap
 (graph + each dense module torch.compile'd) | fused-compile-head (graph + the model's whole `head`,
 everything after the lookup, compiled as one graph; DCNv2) | loop (what `ctrflow train` runs on one
 GPU: the loop's own `train_step` under `ctrflow.train.graphs.GraphedStep`, `compile_dense`, the
-loop's optimizers; no aligned Linear inputs; dense Adam: DCNv2's, for DLRM `ctrflow train`'s default lr
+loop's optimizers and aligned Linear inputs; dense Adam: DCNv2's, for DLRM `ctrflow train`'s default lr
 1e-3 with the tables' SGD of the other paths) | plain (fp32 `EmbeddingCollection`,
 torch optimizers: the quality reference). Options: `fp8` (what `ctrflow train --precision fp8` does:
 `ctrflow.train.fp8.apply_fp8`'s defaults: both products of every Linear >= 512 wide in fp8, row
 scales, e5m2 gradients, fast accumulation), `fp8w` (only the products whose quantized operand is
 the narrow side), `fp8t` (one scale per tensor), `fp32acc` (fp32 accumulation), `e4m3g` (e4m3
-gradients), `foreach` (torch's multi-tensor Adam instead of the fused one), `unfused` (with an fp8
+gradients), `foreach` (torch's multi-tensor Adam instead of the fused one; with `loop`: as the loop
+did before session 5), `noalign` (with `loop`: the 13 dense inputs not padded, as before session 5), `unfused` (with an fp8
 option: DCNv2's cross layers stay `Fp8Linear` by `Fp8Linear` under inductor, as in sessions 2-3, instead
 of `ctrflow.train.fp8_cross.Fp8CrossNet`'s row kernels; same numbers up to bf16 roundings, so no AUC
 check of its own), `noabsorb` (with `fp8`: the deep MLP's first Linear stays its own `Fp8Linear` in the
@@ -137,7 +138,7 @@ def build_loop_path(args, arch: dict, sizes: list[int], device: torch.device, op
     if device.type != "cuda":
         raise ValueError("the loop path needs CUDA")
     model = build_model(args.model, [1] * len(SPARSE), args.dim, **arch)
-    make_fast(model, args, sizes, device, optim, compile_scope="", options=options, align=False)
+    make_fast(model, args, sizes, device, optim, compile_scope="", options=options, align="noalign" not in options)
     model.to(device)
     if "nocompile" not in options:
         compile_dense(model)
@@ -145,6 +146,9 @@ def build_loop_path(args, arch: dict, sizes: list[int], device: torch.device, op
     fused = FusedTables({"embeddings": model.embeddings}, sparse)
     cfg = OptimConfig(dense="adam", lr=optim[1] if optim[0] == "adam" else 1e-3, sparse=sparse, sparse_lr=optim[3])
     optimizers = build_optimizers(model, cfg, fused)
+    if "foreach" in options:  # the loop's dense Adam before session 5
+        for group in optimizers.dense.param_groups:
+            group["fused"] = None
     graphed = GraphedStep(train_step)
 
     def step(dense_x, ids, labels):

@@ -29,3 +29,7 @@ def test_aligned_dlrm_gives_the_same_logits():
     assert align_linear_inputs(aligned) == 1  # 13 dense inputs (the model pads the top MLP's itself)
     dense, ids = torch.rand(9, 13), torch.randint(0, 7, (9, 26))
     torch.testing.assert_close(aligned(dense, ids), model(dense, ids))
+    # the same parameters: the plain model loads the aligned one's checkpoint as is
+    model.load_state_dict(aligned.state_dict())
+    aligned(dense, ids).sum().backward()
+    assert aligned.dense_arch[0].weight.grad.shape == (32, 13)

@@ -119,3 +119,34 @@ def test_resuming_a_finished_run_writes_a_checkpoint_without_training(data_dir, 
     summary = train(config(data_dir, tmp_path / "again", max_steps=3, resume=str(first)))
     assert summary["step"] == 3 and summary["valid_auc"] > 0.5
     assert load_model(tmp_path / "again")[2]["step"] == 3
+
+
+def test_dense_adam_state_loads_whatever_kernels_the_saving_run_used():
+    # a GPU run's checkpoint holds fused + capturable Adam groups; a CPU resume must not inherit them
+    import torch
+
+    from ctrflow.config import OptimConfig
+    from ctrflow.models import build_model
+    from ctrflow.train.optim import build_optimizers
+
+    def run(flags: dict, state=None):
+        torch.manual_seed(0)
+        model = build_model("dlrm", [5] * 26, 8, bottom_mlp=(16,), top_mlp=(8,))
+        opts = build_optimizers(model, OptimConfig(dense="adam", sparse="sgd"))
+        for group in opts.dense.param_groups:
+            group.update(flags)
+        if state is not None:
+            opts.load_state_dict(state)
+        dense, ids = torch.rand(4, 13), torch.randint(0, 5, (4, 26))
+        for _ in range(2):
+            opts.zero_grad()
+            model(dense, ids).sum().backward()
+            opts.step()
+        return model, opts
+
+    _, saver = run({"fused": True, "capturable": True})
+    state = saver.state_dict()
+    model, resumed = run({}, state)
+    assert all(g["fused"] is None and not g["capturable"] for g in resumed.dense.param_groups)
+    assert float(next(iter(resumed.dense.state.values()))["step"]) == 4.0
+    assert all(torch.isfinite(p).all() for p in model.parameters())

@@ -30,6 +30,7 @@ from ctrflow.data.stream import StreamLoader, choose_loader
 from ctrflow.data.stream_plan import ParquetIndex
 from ctrflow.embedding.collection import deferred_tables, materialize_tables
 from ctrflow.embedding.parallelize import apply_data_parallel
+from ctrflow.embedding.fused.dense import align_linear_inputs
 from ctrflow.embedding.fused.sharded_model import forward_in_chunks, read_exchange_layout
 from ctrflow.errors import UserError
 from ctrflow.models import build_model
@@ -97,6 +98,8 @@ def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
     amp = autocast_dtype(config, runtime)
     if config.precision == "fp8":  # autocast_dtype checked the GPU; same parameters, so before the rest
         apply_fp8(model)
+    if runtime.device.type == "cuda":
+        align_linear_inputs(model)  # the 13 dense inputs padded for the tensor cores; same parameters
     fused, fused_options, in_place = None, None, False
     if fast and not runtime.distributed:  # tables drawn straight into the device buffer, fused
         fused = FusedTables(apply_fused(model, config.optim, runtime.device, amp), config.optim.sparse)

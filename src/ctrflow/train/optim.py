@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 DENSE_OPTIMIZERS = ("adam", "adamw", "sgd")
 SPARSE_OPTIMIZERS = ("auto", *KINDS)
+IMPLEMENTATION = ("fused", "foreach", "capturable")  # param-group flags that choose kernels, not results
 
 
 @dataclass
@@ -90,7 +91,12 @@ class Optimizers:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Inverse of `state_dict`, on any number of processes."""
-        self.dense.load_state_dict(state["dense"])
+        # the saver's implementation flags (fused on its GPU, capturable in its graph) are not ours:
+        # ours decide where the step counts land, and a CPU resume of a GPU run must not go fused
+        dense = dict(state["dense"])
+        dense["param_groups"] = [{**saved, **{k: group[k] for k in IMPLEMENTATION if k in group}}
+                                 for saved, group in zip(dense["param_groups"], self.dense.param_groups)]
+        self.dense.load_state_dict(dense)
         if self.sparse is not None:
             self.sparse.load_state_dict(state["sparse"])
         if self.fused is not None:
@@ -113,10 +119,13 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig, fused: "FusedTables | N
     have none, step themselves: `fused` carries their learning rate and state)."""
     dense_params, tables = split_parameters(model)
     sparse_lr = cfg.lr if cfg.sparse_lr is None else cfg.sparse_lr
+    # torch's one-kernel Adam where every dense parameter is on the GPU (a few launches per group of
+    # tensors otherwise); same state keys, so checkpoints cross devices
+    one_kernel = (bool(dense_params) and all(p.is_cuda for p in dense_params)) or None
     if cfg.dense == "adam":
-        dense = torch.optim.Adam(dense_params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        dense = torch.optim.Adam(dense_params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=one_kernel)
     elif cfg.dense == "adamw":
-        dense = torch.optim.AdamW(dense_params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        dense = torch.optim.AdamW(dense_params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=one_kernel)
     elif cfg.dense == "sgd":
         dense = torch.optim.SGD(dense_params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     else:
