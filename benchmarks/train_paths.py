@@ -51,7 +51,7 @@ SMALL_ARCH = {"dlrm": {"bottom_mlp": (32, 16), "top_mlp": (64, 32)},
               "dcnv2": {"bottom_mlp": (32, 16), "deep_mlp": (64, 32), "cross_layers": 2, "cross_rank": 8}}
 TABLE_OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.SparseAdam, "rowwise_adagrad": RowwiseAdagrad}
 KINDS = ("naive", "fused", "fused-eager", "fused-compile", "fused-compile-head", "loop", "plain")
-OPTIONS = ("fp8", "fp8w", "fp8t", "fp32acc", "e4m3g", "foreach", "unfused", "noabsorb", "nocompile")
+OPTIONS = ("fp8", "fp8w", "fp8t", "fp32acc", "e4m3g", "foreach", "unfused", "noabsorb", "nocompile", "noalign")
 FP8 = {"fp8", "fp8w", "fp8t"}
 PRECISION_OPTIONS = FP8 | {"e4m3g", "fp32acc"}
 GRAPHED = ("fused", "fused-compile", "fused-compile-head")
