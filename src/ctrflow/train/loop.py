@@ -90,6 +90,28 @@ def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
     random.seed(config.seed)
     schema = Schema.load(config.data.path)
     train_loader, valid_loader = _loaders(config, schema, runtime)
+    model, optimizers, amp, average, in_place = _build(config, runtime, schema)
+    epoch_steps = len(train_loader)
+    total = config.epochs * epoch_steps
+    total = total if config.max_steps is None else min(config.max_steps, total)
+    out = Path(config.out)
+    session = Session(config, runtime, tracker, schema, model, optimizers,
+                      train_loader, valid_loader, out, total, amp, average)
+    source = _resume(session) if config.resume else None
+    if runtime.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        schema.save(out / "schema.json")
+        (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+        restart_metrics(out, source, session.step)
+        tracker.log_params(config.flat())
+        tracker.set_tags({"schema.vocab_hash": schema.vocab_hash, "model": config.model.name})
+    _announce(session, in_place)
+    return session
+
+
+def _build(config: TrainConfig, runtime: Runtime, schema: Schema):
+    """(model, optimizers, autocast dtype, DenseAverage or None, whether DLRM's interaction reads the
+    exchange in place): the model built, swapped to the fast kernels, sharded and placed."""
     m = config.model
     fast = use_fused(config, runtime)
     # tables that will be sharded or fused are drawn only where they land (MLPerf's are ~96 GB)
@@ -118,29 +140,21 @@ def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
     average = _average_dense(config, runtime, model, optimizers) if fused_options is not None else None
     if fused is not None and not runtime.distributed and use_compile(config, runtime):
         compile_dense(model)  # same parameters: optimizers and checkpoints see no difference
-    epoch_steps = len(train_loader)
-    total = config.epochs * epoch_steps
-    total = total if config.max_steps is None else min(config.max_steps, total)
-    out = Path(config.out)
-    session = Session(config, runtime, tracker, schema, model, optimizers,
-                      train_loader, valid_loader, out, total, amp, average)
-    source = _resume(session) if config.resume else None
-    if runtime.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        schema.save(out / "schema.json")
-        (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-        restart_metrics(out, source, session.step)
-        tracker.log_params(config.flat())
-        tracker.set_tags({"schema.vocab_hash": schema.vocab_hash, "model": m.name})
-    dense_params = sum(p.numel() for p in optimizers.dense.param_groups[0]["params"])
-    print0(f"ctrflow train: {m.name}, {dense_params:,} dense parameters, {sum(schema.table_sizes()):,} embedding "
-           f"rows x {m.embedding_dim}; {len(train_loader.dataset):,} train rows, {epoch_steps} steps/epoch of "
-           f"{config.data.batch_size}; {runtime.world_size} process(es) on {runtime.device}; "
-           f"{'fused' if fused else 'plain'} tables{' (interaction reads the exchange in place)' if in_place else ''}, "
-           f"{'bf16 autocast' if amp else 'fp32'}"
-           f"{' + fp8 Linear' if config.precision == 'fp8' else ''}"
-           f"{'; dense gradients averaged by the step (no DDP), whole step one CUDA graph' if average else ''}")
-    return session
+    return model, optimizers, amp, average, in_place
+
+
+def _announce(s: Session, in_place: bool) -> None:
+    """The run's one-line description (main process)."""
+    dense_params = sum(p.numel() for p in s.optimizers.dense.param_groups[0]["params"])
+    print0(f"ctrflow train: {s.config.model.name}, {dense_params:,} dense parameters, "
+           f"{sum(s.schema.table_sizes()):,} embedding rows x {s.config.model.embedding_dim}; "
+           f"{len(s.train_loader.dataset):,} train rows, {len(s.train_loader)} steps/epoch of "
+           f"{s.config.data.batch_size}; {s.runtime.world_size} process(es) on {s.runtime.device}; "
+           f"{'fused' if s.optimizers.fused else 'plain'} tables"
+           f"{' (interaction reads the exchange in place)' if in_place else ''}, "
+           f"{'bf16 autocast' if s.amp else 'fp32'}"
+           f"{' + fp8 Linear' if s.config.precision == 'fp8' else ''}"
+           f"{'; dense gradients averaged by the step (no DDP), whole step one CUDA graph' if s.average else ''}")
 
 
 def _average_dense(config: TrainConfig, runtime: Runtime, model: nn.Module, optimizers: Optimizers) -> DenseAverage | None:
