@@ -14,10 +14,7 @@ as the one-GPU fast path, the step started by the tables' lookups and exchanges 
 bottom MLP runs under the all-to-all) and DLRM's interaction reading the exchange buffers in place
 (`--no-in-place` gathers [b, 26, D] first; `--chunks N` splits the step into micro-batches, measured
 slower on 4 H200s); each step also routes the next step's ids (`--route-ahead`) and sorts its rows for
-the update and zeroes the replicas' sums in forward (`--work-ahead`); the replicated tables' gradients are
-all-reduced and every rank steps every row (`--replica-update all`), or reduce-scattered, each rank stepping
-its share of the rows, all-gathered in the lookup dtype for the next lookups (`sharded`, exact, measured no
-faster on 4 H200s; `--replica-comm bf16`: the reduce-scatter in bf16, inexact); `--graph` is what `ctrflow train` runs
+the update and zeroes the replicas' sums in forward (`--work-ahead`); `--graph` is what `ctrflow train` runs
 under torchrun: no DDP, the step averages the dense gradients (`ctrflow.train.dense_average.DenseAverage`,
 on a communicator of its own unless `--dense-comm shared`) and is replayed as one CUDA graph
 (`ctrflow.train.graphs.GraphedStep`); `--profile DIR` writes per-kernel GPU times of
@@ -100,11 +97,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dense-comm", default="own", choices=("shared", "own"),
                    help="--graph: the dense gradients' all-reduce on the default communicator (shared) or on "
                         "its own (own, beside the replicated tables' all-reduce)")
-    p.add_argument("--replica-update", default="all", choices=("all", "sharded"),
-                   help="fused path, replicated tables: gradient sums reduce-scattered, each rank steps its rows, "
-                        "all-gathered in the lookup dtype (sharded) or all-reduced and stepped everywhere (all)")
-    p.add_argument("--replica-comm", default="fp32", choices=("fp32", "bf16"),
-                   help="--replica-update sharded: reduce-scatter the sums in bf16 (inexact, opt-in)")
     p.add_argument("--profile", default="", help="folder: rank 0 writes a per-kernel GPU time table of 3 steps")
     args = p.parse_args(argv)
     if args.embedding == "auto":
@@ -144,7 +136,7 @@ def build_fused(args, runtime, tables, plan, model, group):
     model.embeddings = FusedShardedEmbeddingCollection(
         tables, plan, group, runtime.device, optimizer=FUSED_RULES[args.optimizer], lr=args.lr,
         output_dtype=torch.bfloat16 if bf16 else torch.float32, seed=args.seed, check=False,
-        overlap=not args.no_overlap, replica_update=args.replica_update, replica_comm=args.replica_comm)
+        overlap=not args.no_overlap)
     model.embeddings.work_ahead = args.work_ahead
     replace_module(model, "interaction", FusedDotInteraction.from_plain(model.interaction))
     args.in_place = args.in_place and read_exchange_layout(model)
@@ -207,7 +199,6 @@ def main(argv: list[str] | None = None) -> dict:
     if args.embedding == "fused":
         record.update(large=large, overlap=not args.no_overlap, graph=args.graph, chunks=args.chunks,
                       route_ahead=args.route_ahead, work_ahead=args.work_ahead,
-                      replica_update=args.replica_update, replica_comm=args.replica_comm,
                       dense_comm=args.dense_comm if args.graph else "ddp",
                       compiled=runtime.device.type == "cuda" and not args.no_compile)
     try:

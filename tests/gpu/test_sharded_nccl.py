@@ -2,13 +2,12 @@
 `torchrun ... -m ctrflow train --device cuda` on 2 (and 4) GPUs logs the losses of 1 GPU for every
 sharding (plain tables, fp32). The fused sharded collection (Triton kernels behind the all-to-all)
 equals the fused one-process collection on the global batch (also as prefetched micro-batches with
-one update per step), the replicas' sharded update (NCCL reduce-scatter + all-gather) equals the
-all-reduce one, also replayed from a CUDA graph, and its bf16 option stays close, DLRM's micro-batched,
-in-place-layout (the interaction's MAPPED kernels) and routed-ahead steps equal its plain step, and
-`ctrflow train` under torchrun takes the fused path by default, logs the losses of one fused GPU, and
-its checkpoint resumes on one CPU. With the automatic plan it runs the whole step as one CUDA graph
-(dense gradients averaged by the step, no DDP): it logs the losses and AUCs of the eager DDP step,
-validates and checkpoints between replays, resumes, and exits (no NCCL teardown hang)."""
+one update per step), DLRM's micro-batched, in-place-layout (the interaction's MAPPED kernels) and
+routed-ahead steps equal its plain step, and `ctrflow train` under torchrun takes the fused path by default,
+logs the losses of one fused GPU, and its checkpoint resumes on one CPU. With the automatic plan it runs
+the whole step as one CUDA graph (dense gradients averaged by the step, no DDP): it logs the losses and
+AUCs of the eager DDP step, validates and checkpoints between replays, resumes, and exits (no NCCL
+teardown hang)."""
 
 from __future__ import annotations
 
@@ -24,7 +23,6 @@ import torch
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-import test_replica_shards as replica_shards  # noqa: E402
 import test_sharding_fused as fused_parity  # noqa: E402
 from test_sharding_parity import check_results, worker  # noqa: E402
 from train_fixtures import write_processed  # noqa: E402
@@ -91,25 +89,6 @@ def test_fused_sharded_gpus_match_one_fused_process(tmp_path, world):
     # fp32 gradients are pre-reduced as two bf16 halves (~16 bits) in blocks that differ between the
     # two sides, and float atomics add in any order
     fused_parity.check(dict(results), 1e-4)
-
-
-@pytest.mark.parametrize("world", WORLDS)
-def test_sharded_replica_update_matches_the_all_reduce_update(tmp_path, world):
-    results = mp.Manager().dict()
-    # dim 32, 80,003 replicated rows (padded to a multiple of the ranks), batch 16,000, lr 0.01 (see above)
-    mp.spawn(replica_shards.worker, args=(world, str(tmp_path / "store"), results, "cuda", 32, 1000, 0.01),
-             nprocs=world, join=True)
-    print({k: {m: f"{v:.2e}" for m, v in r.items()} for k, r in dict(results).items()})
-    # fp32: the reduce-scatter and the all-reduce may add ranks in other orders, float atomics in any
-    replica_shards.check(dict(results), 1e-4, 5e-2)
-
-
-@pytest.mark.parametrize("world", WORLDS)
-def test_sharded_replica_update_in_a_cuda_graph_matches_the_eager_all_reduce_update(tmp_path, world):
-    results = mp.Manager().dict()
-    mp.spawn(replica_shards.graphed_worker, args=(world, str(tmp_path / "store"), results), nprocs=world, join=True)
-    print(dict(results))
-    assert results["out"] < 1e-4 and results["weights"] < 1e-4, dict(results)
 
 
 def test_torchrun_train_takes_the_fused_path_and_resumes_on_the_cpu(tmp_path, one_gpu):

@@ -2,9 +2,8 @@
 
 Replicated tables are the small ones (the fused planner replicates tables up to 32 MiB), so each rank
 sums its batch's gradient into a dense fp32 buffer ([rows, D] sums, then a count of touches per
-row); the sums are added over ranks and the update applied to the rows any rank touched, by every
-rank to every row (one all-reduce, `apply_replicated`) or by each rank to its share of the rows
-(`replica_shards.py`, `apply_rows`): the result equals one process on the global batch.
+row), one all-reduce adds every rank's, and every rank applies the same update to the rows any
+rank touched: the replicas stay identical, and the result equals one process on the global batch.
 Masked over all rows instead of gathering the touched ones: no device-to-host read (and the rows no
 rank touched are few: ~11% of the MLPerf replicas' rows on 4 ranks of 65,536 Zipf samples). Summing and
 all-reducing the large tables' part first, beside the rest's summing, was exact but slower (+0.08 ms a
@@ -57,42 +56,29 @@ def needs_counts(replica: FusedEmbeddingCollection) -> bool:
 def apply_replicated(acc: torch.Tensor, replica: FusedEmbeddingCollection, world: int) -> None:
     """One optimizer step of the replica from the all-reduced `acc`: gradient = sum / world on the
     rows some rank touched (the fused kernels' rules: SGD, row-wise Adagrad, lazy Adam)."""
-    rows, dim = replica.weight.shape
-    counts = acc[rows * dim:] if needs_counts(replica) else None
-    apply_rows(acc[:rows * dim].view(rows, dim), counts, replica, 0, rows, world)
-
-
-@torch.no_grad()
-def apply_rows(sums: torch.Tensor, counts: torch.Tensor | None, replica: FusedEmbeddingCollection, lo: int,
-               hi: int, world: int) -> None:
-    """One optimizer step of rows [lo, hi) of the replica (weights and state) from their sums over
-    ranks, sums [hi - lo, D] fp32, and touch counts [hi - lo] (None: SGD on fp32 replicas, where
-    untouched rows have zero sums); gradient = sum / world on the touched rows. Called once per step
-    on every rank (Adam counts its step here), with the whole buffer or with this rank's rows."""
-    st, weight = replica.row_state, replica.weight[lo:hi]
-    lr = st.hyper[0]
-    if st.optimizer == "adam":
-        st.hyper[1].add_(1.0)
-    if counts is None:
-        weight.addcmul_(sums, lr, value=-1.0 / world)
+    st, weight = replica.row_state, replica.weight
+    rows, dim = weight.shape
+    sums = acc[:rows * dim].view(rows, dim)
+    if not needs_counts(replica):  # untouched rows have zero sums
+        weight.addcmul_(sums, st.hyper[0], value=-1.0 / world)
         return
-    touched = counts > 0  # [n]
+    touched = acc[rows * dim:] > 0  # [R]
     grad = sums / world
+    lr = st.hyper[0]
     w = weight.float()
     if st.optimizer == "sgd":
         new = w - lr * grad
     elif st.optimizer == "rowwise_adagrad":
-        state = st.state1[lo:hi]
-        s = torch.where(touched, state + grad.pow(2).mean(dim=1), state)
-        state.copy_(s)
+        s = torch.where(touched, st.state1 + grad.pow(2).mean(dim=1), st.state1)
+        st.state1.copy_(s)
         new = w - lr * grad / (s.sqrt().unsqueeze(1) + st.eps)
     else:
-        first, second = st.state1[lo:hi], st.state2[lo:hi]
+        st.hyper[1].add_(1.0)
         mask = touched.unsqueeze(1)
-        m = torch.where(mask, first + (grad - first) * (1 - st.beta1), first)
-        v = torch.where(mask, second + (grad * grad - second) * (1 - st.beta2), second)
-        first.copy_(m)
-        second.copy_(v)
+        m = torch.where(mask, st.state1 + (grad - st.state1) * (1 - st.beta1), st.state1)
+        v = torch.where(mask, st.state2 + (grad * grad - st.state2) * (1 - st.beta2), st.state2)
+        st.state1.copy_(m)
+        st.state2.copy_(v)
         step = st.hyper[1]
         correction1, correction2 = 1 - st.beta1 ** step, 1 - st.beta2 ** step
         new = w - (lr * correction2.sqrt() / correction1) * m / (v.sqrt() + st.eps)

@@ -7,9 +7,7 @@ all-to-all (in the output dtype, bf16 on the fast path) -> assembled [b, F, D]; 
 are looked up locally. Backward: the gradients travel back the same way and feed the fused
 sort/segment-sum + optimizer update, scaled by 1/world (so N ranks equal one process fed the
 global batch, like DDP's averaging of the dense gradients); replicated tables' gradients are summed
-densely over ranks (one all-reduce) and stepped identically everywhere (`replica_update="all"`, the
-default), or reduce-scattered, each rank stepping its share of their rows, which the next lookups
-read all-gathered ("sharded"; `sharded_replicas.py`). No sparse gradient exists.
+densely over ranks (one all-reduce) and stepped identically everywhere. No sparse gradient exists.
 
 With several ranks the backward only starts its exchanges (asynchronous) and the update waits until
 the end of the backward pass (an autograd callback; or the caller's `flush()` with
@@ -32,9 +30,9 @@ from ctrflow.embedding.collection import copy_table_rows
 from ctrflow.embedding.comm import exchange_async, group_size
 from ctrflow.embedding.fused import ops
 from ctrflow.embedding.fused.collection import FusedEmbeddingCollection
+from ctrflow.embedding.fused.replicas import apply_replicated, needs_counts, replicated_grad
 from ctrflow.embedding.fused.routing import (Layout, Route, finish_route, pack_index, place_index, route,
                                              start_route)
-from ctrflow.embedding.fused.sharded_replicas import ReplicatedTables
 from ctrflow.embedding.fused.sharded_state import WholeTables
 from ctrflow.embedding.plan import ShardingPlan
 from ctrflow.embedding.tables import TableConfig, check_ids
@@ -55,7 +53,7 @@ class _ShardedLookup(torch.autograd.Function):
         return None, None, None
 
 
-class FusedShardedEmbeddingCollection(WholeTables, ReplicatedTables, nn.Module):
+class FusedShardedEmbeddingCollection(WholeTables, nn.Module):
     """ids [b, F] of this rank's samples -> [b, F, D], tables placed by a table/row/data `ShardingPlan`,
     trained in backward by the fused `optimizer` ("sgd", "rowwise_adagrad", "adam"); a collective.
 
@@ -63,15 +61,12 @@ class FusedShardedEmbeddingCollection(WholeTables, ReplicatedTables, nn.Module):
     and `load_full_weights()` / `load_table_states()`, so checkpoints are topology-independent.
     Local weights are drawn like `FusedEmbeddingCollection`'s (per local table; row pieces bounded
     by their own row count); `from_collection` copies a plain collection's instead.
-    `replica_update` "all" (default) or "sharded" (`sharded_replicas.py`; both exact);
-    `replica_comm` "bf16" reduce-scatters the replicas' sums in bf16 (opt-in, inexact).
     """
 
     def __init__(self, tables: list[TableConfig], plan: ShardingPlan, group=None, device="cpu",
                  optimizer: str = "sgd", lr: float = 0.01, output_dtype: torch.dtype = torch.float32,
                  storage_dtype: torch.dtype = torch.float32, seed: int = 0, check: bool = True,
-                 pre_reduce: bool = True, overlap: bool = True, replica_update: str = "all",
-                 replica_comm: str = "fp32", **optim):
+                 pre_reduce: bool = True, overlap: bool = True, **optim):
         super().__init__()
         self.tables, self.plan, self.group = list(tables), plan, group
         self.embedding_dim = tables[0].embedding_dim
@@ -92,7 +87,6 @@ class FusedShardedEmbeddingCollection(WholeTables, ReplicatedTables, nn.Module):
             self.register_buffer(f"tab_index_{d}", torch.tensor(feats, dtype=torch.int64, device=device),
                                  persistent=False)
         self.register_buffer("rep_index", torch.tensor(lay.rep, dtype=torch.int64, device=device), persistent=False)
-        self.shards = self._replica_shards(replica_update, replica_comm, device)
         self.register_buffer("zero_offset", torch.zeros(1, dtype=torch.int64, device=device), persistent=False)
         self.model_parallel = any(lay.tab) or bool(lay.row_feats)
         self.pending: list[dict] = []  # steps whose backward exchanges started, update not applied
@@ -168,8 +162,7 @@ class FusedShardedEmbeddingCollection(WholeTables, ReplicatedTables, nn.Module):
             bounds.append(bounds[-1] + r.rows.numel())
         rows = routes[0].rows if len(routes) == 1 else torch.cat([r.rows for r in routes])
         step = {"rows": rows, "bounds": bounds, "chunks": len(chunks), "arrived": 0, "works": [], "grad": None,
-                "rep_acc": None, "rep_works": [], "sorted": None, "rep_sorted": [None] * len(chunks),
-                "gather": self.shards.start_gather(self.replica) if self.shards is not None else None}
+                "rep_acc": None, "rep_work": None, "sorted": None, "rep_sorted": [None] * len(chunks)}
         if self.local is not None and rows.numel():  # one gather for every chunk's received ids
             emb = ops.lookup(rows.view(-1, 1), self.zero_offset, self.local.weight, self.output_dtype).view(-1, dim)
         else:
@@ -179,8 +172,8 @@ class FusedShardedEmbeddingCollection(WholeTables, ReplicatedTables, nn.Module):
             b = entry["ids"].shape[0]
             if self.replica is not None and b:
                 rep_ids = entry["ids"].index_select(1, self.rep_index)
-                if self.shards is None:  # sharded: the lookup copy is being gathered, see `lookup`
-                    self._lookup_replicas(entry, rep_ids, self.replica.weight)
+                ops.lookup(rep_ids, self.replica.offsets, self.replica.weight,
+                           self.output_dtype, out=entry["src"][entry["n_back"]:].view(b, len(lay.rep), dim))
                 if self._sort_ahead():
                     step["rep_sorted"][entry["chunk"]] = ops.sort_rows(
                         (rep_ids + self.replica.offsets).reshape(-1), self.replica.weight.shape[0])
@@ -212,16 +205,9 @@ class FusedShardedEmbeddingCollection(WholeTables, ReplicatedTables, nn.Module):
         if not self.ready or self.ready[0]["ids"] is not ids:
             self.prefetch([ids])
         entry = self.ready.pop(0)
-        step = entry["step"]
         if train and self.work_ahead and self.replica is not None and entry["chunk"] == 0:
             # the step's replica gradient sums: zeroed while the exchange still travels, not in backward
-            step["rep_acc"] = self._replica_sums()
-        if self.shards is not None:  # the replicas' rows gathered (in prefetch) while the exchange travels
-            if step["gather"] is not None:
-                step["gather"].wait()
-                step["gather"] = None
-            if ids.shape[0]:
-                self._lookup_replicas(entry, ids.index_select(1, self.rep_index), self.shards.lookup_weight())
+            entry["step"]["rep_acc"] = self._replica_sums()
         if entry["work"] is not None:
             entry["work"].wait()
         r = entry["route"]
@@ -274,11 +260,18 @@ class FusedShardedEmbeddingCollection(WholeTables, ReplicatedTables, nn.Module):
             _, work = exchange_async(packed[:n_send], r.recv, r.send, self.group, out=step["grad"][lo:hi])
             step["works"].append(work)
         if self.replica is not None:
-            self._sum_replicas(ids, packed[n_send:].view(b, len(lay.rep), dim), step, c)
+            rep = self.replica
+            step["rep_acc"] = replicated_grad(ids.index_select(1, self.rep_index), rep.offsets,
+                                              packed[n_send:].view(b, len(lay.rep), dim), rep.weight.shape[0],
+                                              self.cache, counts=needs_counts(rep), out=step["rep_acc"],
+                                              presorted=step["rep_sorted"][c])
         step["arrived"] += 1
         if step["arrived"] < step["chunks"]:
             return  # the last chunk's backward queues the update
-        self._start_replica_reduce(step)
+        if self.replica is not None and self.world_size > 1:
+            # on the default group's communicator: beside the all-to-all, not behind it
+            whole = self.world_size == dist.get_world_size()
+            step["rep_work"] = dist.all_reduce(step["rep_acc"], group=None if whole else self.group, async_op=True)
         self.pending.append(step)
         if not self.update_in_backward:
             return  # the caller's `flush()` (or the next lookup) applies it
@@ -294,6 +287,15 @@ class FusedShardedEmbeddingCollection(WholeTables, ReplicatedTables, nn.Module):
         """Whether to sort the step's rows for the update in forward, while the exchange travels (a
         training step on the GPU kernels; `prefetch` runs in the caller's grad mode)."""
         return self.work_ahead and torch.is_grad_enabled() and ops.uses_kernels((self.local or self.replica).weight)
+
+    def _replica_sums(self) -> torch.Tensor:
+        """The zeroed [rows * (D + 1)] fp32 buffer of `replicated_grad` (one, reused every step)."""
+        buf = self.cache.get("rep_acc")
+        if buf is None:
+            rows = self.replica.weight.shape[0]
+            buf = self.cache["rep_acc"] = torch.empty(rows * (self.embedding_dim + 1), dtype=torch.float32,
+                                                      device=self.local_device())
+        return buf.zero_()
 
     def flush(self) -> None:
         """Apply the pending update of the last backward (waits for its exchanges), then finish the
@@ -311,7 +313,7 @@ class FusedShardedEmbeddingCollection(WholeTables, ReplicatedTables, nn.Module):
 
     def _apply_update(self, step: dict) -> None:
         """One optimizer step from every chunk's gradients: owned rows (while the replicas'
-        reduction still runs), then the replicas."""
+        all-reduce still runs), then the replicas."""
         for work in step["works"]:
             if work is not None:  # None: one process
                 work.wait()
@@ -321,7 +323,10 @@ class FusedShardedEmbeddingCollection(WholeTables, ReplicatedTables, nn.Module):
                             step["grad"].view(-1, 1, self.embedding_dim), local.weight, local.row_state,
                             local.scratch, local.pre_reduce, grad_scale=1.0 / self.world_size,
                             presorted=step["sorted"])
-        self._apply_replica_update(step)
+        if step["rep_work"] is not None:
+            step["rep_work"].wait()
+        if step["rep_acc"] is not None:
+            apply_replicated(step["rep_acc"], self.replica, self.world_size)
 
     def local_device(self) -> torch.device:
         """The device of this rank's buffers."""

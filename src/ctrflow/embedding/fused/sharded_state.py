@@ -3,8 +3,6 @@ by name, from (and back into) the shards each rank holds, so checkpoints cross t
 
 Reading is collective (`gather_whole`: every rank calls it; under `gathered_on_main()` only rank 0
 assembles). Loading takes whole tables and copies the rows this rank holds, so no rank ever gathers.
-Replicas updated in shards (`replica_shards.py`) are made whole first (`ReplicaShards.sync`, also a
-collective), and loads mark them whole.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from ctrflow.embedding.sharded import gather_whole
 
 class WholeTables:
     """Mixin of the fused sharded collection (attributes `tables`, `plan`, `group`, `layout`, `local`,
-    `replica`, `shards`, and methods `flush`, `local_device`)."""
+    `replica`, and methods `flush`, `local_device`)."""
 
     def _parts(self) -> dict[str, tuple]:
         """Table name -> (local collection, first local row, rows of the whole table it holds)."""
@@ -29,14 +27,10 @@ class WholeTables:
                 parts[t.name] = (self.replica, start, (0, t.num_embeddings))
         return parts
 
-    def _gather(self, read, per_row: bool = False, names: tuple[str, ...] | None = None,
-                source: str = "weight") -> dict[str, torch.Tensor]:
+    def _gather(self, read, per_row: bool = False, names: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
         """Whole tables by name of `read(collection, start, n)`, a local [n, D] (or [n] with
-        `per_row`) tensor of `source` ("weight", "state1", "state2"), for every table or those in
-        `names`; collective, on CPU."""
+        `per_row`) tensor, for every table or those in `names`; collective, on CPU."""
         self.flush()
-        if self.shards is not None and (names is None or any(t.name in names for t in self.replica.tables)):
-            self.shards.sync(self.replica, source)  # every rank decides alike: same names, same update count
         parts = self._parts()
         out = {}
         for t in self.tables:
@@ -69,8 +63,6 @@ class WholeTables:
                                  f"expected {(t.num_embeddings, t.embedding_dim)}")
         for name, (coll, start, rows) in self._parts().items():
             coll.weight[start:start + rows[1] - rows[0]].copy_(tables[name][rows[0]:rows[1]])
-        if self.shards is not None:
-            self.shards.mark_synced("weight")
 
     def table_states(self, keys: dict[str, str]) -> dict[str, dict[str, torch.Tensor]]:
         """Optimizer state as whole tables: {table: {key: state[src] rows}} for `keys` {key: src}
@@ -87,7 +79,7 @@ class WholeTables:
 
     def _gather_state(self, src: str, names: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
         per_row = src == "state1" and self._optimizer() == "rowwise_adagrad"
-        return self._gather(lambda coll, start, n: coll.optimizer_state()[src][start:start + n], per_row, names, src)
+        return self._gather(lambda coll, start, n: coll.optimizer_state()[src][start:start + n], per_row, names)
 
     @torch.no_grad()
     def load_table_states(self, keys: dict[str, str], tables: dict[str, dict[str, torch.Tensor]], steps: float) -> None:
@@ -98,5 +90,3 @@ class WholeTables:
         for name, (coll, start, rows) in self._parts().items():
             for key, src in keys.items():
                 coll.optimizer_state()[src][start:start + rows[1] - rows[0]].copy_(tables[name][key][rows[0]:rows[1]])
-        if self.shards is not None:
-            self.shards.mark_synced(*keys.values())
