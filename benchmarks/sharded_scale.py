@@ -53,7 +53,6 @@ from ctrflow.train.dense_average import DenseAverage
 from ctrflow.train.distributed import close_runtime, init_runtime
 from ctrflow.train.graphs import GraphedStep
 from ctrflow.train.loop import train_step
-from ctrflow.train.late_wgrad import defer_weight_grads
 from ctrflow.train.optim import Optimizers
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -98,9 +97,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dense-comm", default="own", choices=("shared", "own"),
                    help="--graph: the dense gradients' all-reduce on the default communicator (shared) or on "
                         "its own (own, beside the replicated tables' all-reduce)")
-    p.add_argument("--late-wgrad", action="store_true",
-                   help="--graph on N processes: the Linear layers' weight gradients after backward, under the "
-                        "tables' gradient exchange (`ctrflow.train.late_wgrad`; their MLPs then not compiled)")
     p.add_argument("--profile", default="", help="folder: rank 0 writes a per-kernel GPU time table of 3 steps")
     args = p.parse_args(argv)
     if args.embedding == "auto":
@@ -145,9 +141,8 @@ def build_fused(args, runtime, tables, plan, model, group):
     replace_module(model, "interaction", FusedDotInteraction.from_plain(model.interaction))
     args.in_place = args.in_place and read_exchange_layout(model)
     align_linear_inputs(model)
-    late = args.late_wgrad and args.graph and runtime.distributed and defer_weight_grads(model)
     if runtime.device.type == "cuda" and not args.no_compile:
-        for name in ("interaction",) if late else ("dense_arch", "interaction", "over_arch"):
+        for name in ("dense_arch", "interaction", "over_arch"):
             replace_module(model, name, torch.compile(model.get_submodule(name)))
     model.to(runtime.device)
     if runtime.distributed and not args.graph:  # with --graph the step averages the dense gradients
@@ -205,8 +200,7 @@ def main(argv: list[str] | None = None) -> dict:
         record.update(large=large, overlap=not args.no_overlap, graph=args.graph, chunks=args.chunks,
                       route_ahead=args.route_ahead, work_ahead=args.work_ahead,
                       dense_comm=args.dense_comm if args.graph else "ddp",
-                      compiled=runtime.device.type == "cuda" and not args.no_compile,
-                      late_wgrad=bool(args.late_wgrad and args.graph and runtime.distributed))
+                      compiled=runtime.device.type == "cuda" and not args.no_compile)
     try:
         plan = plan_sharding(tables, runtime.world_size, args.sharding, budget, memory_of,
                              replicate_bytes=replicate, large=large)

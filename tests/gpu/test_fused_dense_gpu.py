@@ -1,5 +1,4 @@
-"""The fused dot interaction, the aligned Linear and the late-weight-gradient Linear against the model's own
-layers, on the GPU."""
+"""The fused dot interaction and the aligned Linear against the model's own layers, on the GPU."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ from torch import nn
 from ctrflow.embedding.fused.dense import align_linear_inputs
 from ctrflow.embedding.fused.interaction import FusedDotInteraction
 from ctrflow.models.layers import MLP, DotInteraction
-from ctrflow.train.late_wgrad import defer_weight_grads, finish_weight_grads
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
@@ -57,37 +55,3 @@ def test_aligned_linears_compute_the_same_function_with_the_same_parameters():
     assert rel_err(aligned(x), model(x)) < 1e-5
     assert rel_err(aligned[0][0].weight, model[0][0].weight) < 1e-6
     assert aligned.state_dict().keys() == model.state_dict().keys()
-
-
-def test_late_weight_grads_equal_autograds_in_bf16_and_replayed_from_a_graph():
-    torch.manual_seed(0)
-    plain = MLP(480, [1024, 512, 1], last_activation=False).to(CUDA)
-    late = MLP(480, [1024, 512, 1], last_activation=False).to(CUDA)
-    late.load_state_dict(plain.state_dict())
-    assert defer_weight_grads(late) == 3
-    x = torch.randn(4096, 480, device=CUDA)
-
-    def grads(model):
-        for p in model.parameters():
-            p.grad = None
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(x).float().square().mean()
-        loss.backward()
-        finish_weight_grads(model)
-        return [p.grad.clone() for p in model.parameters()]
-
-    want = grads(plain)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        eager = grads(late)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = grads(late)
-    x.copy_(torch.randn_like(x))
-    graph.replay()  # new inputs through the captured step
-    want_new = grads(plain)
-    for a, b, c, d in zip(eager, want, captured, want_new):
-        assert a.dtype == b.dtype == torch.float32
-        assert rel_err(a, b) < 1e-2 and rel_err(c, d) < 1e-2

@@ -41,7 +41,6 @@ from ctrflow.train.distributed import Runtime, close_runtime, init_runtime, para
 from ctrflow.train.fp8 import apply_fp8
 from ctrflow.train.fused import (FusedTables, apply_fused, autocast_dtype, fused_collections, sharded_options,
                                  swap_interactions, use_fused)
-from ctrflow.train.late_wgrad import defer_weight_grads, finish_weight_grads
 from ctrflow.train.graphs import GraphedStep, compile_dense, use_compile, use_graphs
 from ctrflow.train.optim import Optimizers, build_optimizers, lr_factor, sparse_memory
 from ctrflow.train.progress import ProgressLog, restart_metrics
@@ -139,8 +138,6 @@ def _build(config: TrainConfig, runtime: Runtime, schema: Schema):
         in_place = read_exchange_layout(model)  # DLRM's interaction reads the all-to-all's buffer: no gathers
     optimizers = build_optimizers(model, config.optim, fused)
     average = _average_dense(config, runtime, model, optimizers) if fused_options is not None else None
-    if average is not None:  # no DDP hooks wait for gradients in backward: weight gradients after it
-        defer_weight_grads(model)
     if fused is not None and not runtime.distributed and use_compile(config, runtime):
         compile_dense(model)  # same parameters: optimizers and checkpoints see no difference
     return model, optimizers, amp, average, in_place
@@ -149,8 +146,6 @@ def _build(config: TrainConfig, runtime: Runtime, schema: Schema):
 def _announce(s: Session, in_place: bool) -> None:
     """The run's one-line description (main process)."""
     dense_params = sum(p.numel() for p in s.optimizers.dense.param_groups[0]["params"])
-    averaged = ("; dense gradients averaged by the step (no DDP), whole step one CUDA graph, weight gradients "
-                "under the tables' exchange") if s.average else ""
     print0(f"ctrflow train: {s.config.model.name}, {dense_params:,} dense parameters, "
            f"{sum(s.schema.table_sizes()):,} embedding rows x {s.config.model.embedding_dim}; "
            f"{len(s.train_loader.dataset):,} train rows, {len(s.train_loader)} steps/epoch of "
@@ -159,7 +154,7 @@ def _announce(s: Session, in_place: bool) -> None:
            f"{' (interaction reads the exchange in place)' if in_place else ''}, "
            f"{'bf16 autocast' if s.amp else 'fp32'}"
            f"{' + fp8 Linear' if s.config.precision == 'fp8' else ''}"
-           f"{averaged}")
+           f"{'; dense gradients averaged by the step (no DDP), whole step one CUDA graph' if s.average else ''}")
 
 
 def _average_dense(config: TrainConfig, runtime: Runtime, model: nn.Module, optimizers: Optimizers) -> DenseAverage | None:
@@ -272,8 +267,7 @@ def train_step(model: nn.Module, batch: Batch, optimizers: Optimizers, device: t
         logits = forward_in_chunks(model, batch.dense, batch.sparse, chunks, next_ids)
     loss = F.binary_cross_entropy_with_logits(logits.float(), batch.labels)
     optimizers.zero_grad()
-    loss.backward()  # fused sharded tables: their gradient exchange starts inside
-    finish_weight_grads(model)  # `LateLinear`s' weight gradients, while that exchange travels
+    loss.backward()
     if average is not None:
         average.reduce()  # dense all-reduce started, tables' update beside it, averages in .grad
     optimizers.step()
