@@ -79,7 +79,8 @@ for path in sorted(out.glob("*.json")):
         print(f"{path.stem} | {r.get('world_size')} | no: {r.get('error', '')[:80]}"); continue
     ratio = f"{r['samples_per_s'] / base:.2f}x" if base else "-"
     mem = "/".join(f"{m:.0f}" for m in r["memory_gib_per_process"])
-    flags = "".join(f" {k}" for k in ("in_place", "route_ahead", "work_ahead") if r.get(k)) + f" {r.get('dense_comm', '')}"
+    flags = "".join(f" {k}" for k in ("in_place", "route_ahead", "work_ahead") if r.get(k))
+    flags += f" {r.get('dense_comm', '')}" + ("" if r.get("compiled", True) else " eager-dense")
     print(f"{path.stem} | {r['world_size']} | {r['embedding']} | {r.get('chunks', 1)}{flags} | {r['step_ms']:.2f} | "
           f"{r['samples_per_s'] / 1e6:.2f} M | {r['samples_per_s'] / r['world_size'] / 1e6:.2f} M | {ratio} | {mem}")
 PY

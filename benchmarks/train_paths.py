@@ -15,7 +15,7 @@ did before session 5), `noalign` (with `loop`: the 13 dense inputs not padded, a
 option: DCNv2's cross layers stay `Fp8Linear` by `Fp8Linear` under inductor, as in sessions 2-3, instead
 of `ctrflow.train.fp8_cross.Fp8CrossNet`'s row kernels; same numbers up to bf16 roundings, so no AUC
 check of its own), `noabsorb` (with `fp8`: the deep MLP's first Linear stays its own `Fp8Linear` in the
-compiled graph instead of `Fp8CrossNet.absorb`ing it), `nocompile` (with `loop`: `ctrflow train --compile off`; only DCNv2 has a compiled head).
+compiled graph instead of `Fp8CrossNet.absorb`ing it), `nocompile` (with `loop`: `ctrflow train --compile off`: no compiled head (DCNv2) or dense parts (DLRM)).
 Device call 2 of session
 2 named these differently: its `fp8all:fastacc` is today's `fp8`, `fp8all` is `fp8:fp32acc`, `fp8`
 is `fp8w:fp32acc`, `fp8:fastacc` is `fp8w`.

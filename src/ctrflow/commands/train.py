@@ -69,7 +69,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cuda-graphs", choices=("auto", "off"), default=t.cuda_graphs,
                         help="auto: one CUDA process with fused tables replays each step as one CUDA graph")
     parser.add_argument("--compile", choices=("auto", "off"), default=t.compile,
-                        help="auto: torch.compile the dense head on CUDA with fused tables")
+                        help="auto: torch.compile the dense layers on CUDA with fused tables (one process, "
+                             "or torchrun's graphed step)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_tracking_flags(parser)
 

@@ -138,7 +138,8 @@ def _build(config: TrainConfig, runtime: Runtime, schema: Schema):
         in_place = read_exchange_layout(model)  # DLRM's interaction reads the all-to-all's buffer: no gathers
     optimizers = build_optimizers(model, config.optim, fused)
     average = _average_dense(config, runtime, model, optimizers) if fused_options is not None else None
-    if fused is not None and not runtime.distributed and use_compile(config, runtime):
+    # one process, or N whose step averages the dense gradients itself (no DDP wrapper)
+    if fused is not None and (average is not None or not runtime.distributed) and use_compile(config, runtime):
         compile_dense(model)  # same parameters: optimizers and checkpoints see no difference
     return model, optimizers, amp, average, in_place
 
