@@ -1,5 +1,6 @@
 """`ctrflow train` on one GPU: the CUDA-graphed step trains exactly like the eager one, the compiled
-head and `--precision fp8` learn like the plain bf16 path, and their checkpoints load as usual."""
+head and `--precision fp8` learn like the plain bf16 path, and their checkpoints load as usual; DeepFM
+and Wide&Deep (their dense parts compiled apart) learn like their plain fp32 path too."""
 
 from __future__ import annotations
 
@@ -62,3 +63,17 @@ def test_compiled_and_fp8_runs_learn_like_bf16(data, tmp_path, capsys):
     assert abs(fp8["valid_auc"] - plain["valid_auc"]) < 0.01, (fp8, plain)
     model, _, _ = load_model(tmp_path / "fp8")  # a plain fp32 model on the CPU, as evaluate reads it
     assert type(model.interaction.down[0]) is torch.nn.Linear
+
+
+@pytest.mark.parametrize("name", ["deepfm", "wide_deep"])
+def test_other_models_learn_on_the_fast_path_like_the_plain_one(data, tmp_path, name):
+    def run(out, **kw):
+        return train(TrainConfig(out=str(out), data=DataConfig(path=str(data), batch_size=1024, eval_batch_size=4096),
+                                 model=ModelConfig(name=name, embedding_dim=32), device="cuda", epochs=1,
+                                 progress=False, **kw))
+
+    plain = run(tmp_path / "plain", embedding="plain", precision="fp32")
+    fast = run(tmp_path / "fast")  # defaults: fused tables, aligned and compiled dense parts, fused Adam, graph
+    assert fast["valid_auc"] > 0.6 and abs(fast["valid_auc"] - plain["valid_auc"]) < 0.02, (fast, plain)
+    model, _, _ = load_model(tmp_path / "fast")
+    assert not any(p.isnan().any() for p in model.parameters())
