@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -42,12 +41,10 @@ def test_n_gpus_match_plain_collection_for_every_sharding(tmp_path, world):
 
 def _train(data: Path, out: Path, procs: int, *extra: str, embedding: str = "plain", device: str = "cuda",
            stdout: list | None = None, timeout: int = 600) -> list[float]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = {**os.environ, "MLFLOW_TRACKING_URI": "none", "PYTHONPATH": str(SRC)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(procs), "--master-port",
-           str(port), "-m", "ctrflow", "train", "--data", str(data), "--out", str(out), "--batch-size", "256",
+    # --standalone: the rendezvous binds a port the OS picks (a port probed free first was once taken)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(procs),
+           "-m", "ctrflow", "train", "--data", str(data), "--out", str(out), "--batch-size", "256",
            "--max-steps", "20", "--log-every", "1", "--device", device, "--no-progress",
            "--limit-eval-batches", "1", "--embedding", embedding, "--precision", "fp32", *extra]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)

@@ -99,8 +99,8 @@ def _torchrun(*args: str) -> subprocess.CompletedProcess:
            "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
         env.pop(key, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-port", str(_free_port()), *args]
+    # --standalone: the rendezvous binds a port the OS picks (a port probed free first can be taken)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 
