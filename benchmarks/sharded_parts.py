@@ -5,7 +5,9 @@ profiler tables and per-process memory. Imports only torch and ctrflow."""
 from __future__ import annotations
 
 import argparse
+import gzip
 import math
+import os
 import resource
 import time
 from collections.abc import Callable
@@ -85,9 +87,15 @@ def profile_ops(args: argparse.Namespace, runtime, run: RunStep) -> None:
 
 
 def profile_kernels(args: argparse.Namespace, runtime, run: RunStep) -> None:
-    """Three more steps under the profiler; rank 0 writes the per-kernel table (every rank steps)."""
+    """Three more steps under the profiler; rank 0 writes the per-kernel table, every rank its
+    timeline (`trace-rank{r}.json.gz`: which kernels wait for which, the slowest rank)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         time_steps(run, 0, 3, True, first=args.warmup + args.steps)
+    trace = f"{args.profile}/trace-rank{runtime.rank}.json"
+    prof.export_chrome_trace(trace)
+    with open(trace, "rb") as raw, gzip.open(trace + ".gz", "wb") as packed:
+        packed.write(raw.read())
+    os.remove(trace)
     if runtime.is_main:
         with open(f"{args.profile}/sharded-{args.embedding}-n{runtime.world_size}.txt", "w") as f:
             f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=45, max_name_column_width=70))
