@@ -97,12 +97,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dense-comm", default="own", choices=("shared", "own"),
                    help="--graph: the dense gradients' all-reduce on the default communicator (shared) or on "
                         "its own (own, beside the replicated tables' all-reduce)")
-    p.add_argument("--early-dense", action=argparse.BooleanOptionalAction, default=True,
-                   help="--graph: the top MLP's gradients all-reduced during backward (the loop's default), "
-                        "not after it with the rest")
-    p.add_argument("--update-beside", action=argparse.BooleanOptionalAction, default=True,
-                   help="--graph: the owned rows' update starts when their gradients arrive, beside the rest "
-                        "of backward (the default), not after it")
     p.add_argument("--profile", default="", help="folder: rank 0 writes a per-kernel GPU time table of 3 steps")
     args = p.parse_args(argv)
     if args.embedding == "auto":
@@ -144,7 +138,6 @@ def build_fused(args, runtime, tables, plan, model, group):
         output_dtype=torch.bfloat16 if bf16 else torch.float32, seed=args.seed, check=False,
         overlap=not args.no_overlap)
     model.embeddings.work_ahead = args.work_ahead
-    model.embeddings.update_beside = args.update_beside
     replace_module(model, "interaction", FusedDotInteraction.from_plain(model.interaction))
     args.in_place = args.in_place and read_exchange_layout(model)
     align_linear_inputs(model)
@@ -166,7 +159,7 @@ def make_step(args, runtime, model, optimizers: Optimizers):
     if args.graph and runtime.distributed:
         tables = [model.embeddings] if isinstance(model.embeddings, FusedShardedEmbeddingCollection) else []
         params = [p for group in optimizers.dense.param_groups for p in group["params"]]
-        average = DenseAverage(params, tables, args.dense_comm, early=model.over_arch if args.early_dense else None)
+        average = DenseAverage(params, tables, args.dense_comm)
     step = partial(train_step, average=average, chunks=args.chunks)
     return GraphedStep(step) if args.graph and runtime.device.type == "cuda" else step
 
@@ -205,8 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
     record["replicate_mib"] = replicate / 2**20
     if args.embedding == "fused":
         record.update(large=large, overlap=not args.no_overlap, graph=args.graph, chunks=args.chunks,
-                      route_ahead=args.route_ahead, work_ahead=args.work_ahead, early_dense=args.early_dense,
-                      update_beside=args.update_beside,
+                      route_ahead=args.route_ahead, work_ahead=args.work_ahead,
                       dense_comm=args.dense_comm if args.graph else "ddp",
                       compiled=runtime.device.type == "cuda" and not args.no_compile)
     try:

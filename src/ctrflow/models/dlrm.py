@@ -18,10 +18,6 @@ class DLRM(nn.Module):
     dot interaction over the 27 vectors -> [B, D + 351 pairs, zero-padded to a multiple of 8]
     (MLPerf's 480 at D = 128); over arch -> logits [B]."""
 
-    # every path from the inputs to the logits passes through this part's input (so a backward can
-    # stop there and resume: `ctrflow.train.dense_average`)
-    top_part = "over_arch"
-
     def __init__(self, table_sizes: Sequence[int], embedding_dim: int = 16,
                  bottom_mlp: Sequence[int] = (64, 32), top_mlp: Sequence[int] = (128, 64), seed: int = 0):
         super().__init__()

@@ -163,8 +163,7 @@ def _average_dense(config: TrainConfig, runtime: Runtime, model: nn.Module, opti
     the dense gradients itself (`DenseAverage`, capturable); otherwise DDP wraps the dense part."""
     if use_graphs(config, runtime, optimizers):
         params = [p for group in optimizers.dense.param_groups for p in group["params"]]
-        top = getattr(model, getattr(model, "top_part", ""), None)  # its all-reduce starts during backward
-        return DenseAverage(params, optimizers.fused.collections.values(), early=top)
+        return DenseAverage(params, optimizers.fused.collections.values())
     apply_data_parallel(model, runtime.device)
     return None
 
@@ -269,10 +268,9 @@ def train_step(model: nn.Module, batch: Batch, optimizers: Optimizers, device: t
         logits = forward_in_chunks(model, batch.dense, batch.sparse, chunks, next_ids)
     loss = F.binary_cross_entropy_with_logits(logits.float(), batch.labels)
     optimizers.zero_grad()
+    loss.backward()
     if average is not None:
-        average.backward(loss)  # dense all-reduces started, tables' update beside them, averages in .grad
-    else:
-        loss.backward()
+        average.reduce()  # dense all-reduce started, tables' update beside it, averages in .grad
     optimizers.step()
     return loss.detach()
 

@@ -97,9 +97,6 @@ class FusedShardedEmbeddingCollection(WholeTables, nn.Module):
         # False: backward only starts the exchanges; the caller's flush() (or the next lookup) updates,
         # e.g. after starting its own all-reduce of the dense gradients, which then overlaps the update
         self.update_in_backward = True
-        # with update_in_backward False, on CUDA: the owned rows' update starts on a stream of its own
-        # as soon as their gradients arrive, beside the rest of backward (the bottom MLP's) instead of after it
-        self.update_beside = True
         # forward also does what backward needs from the ids alone, while the exchange travels: the
         # update's sorts of the step's rows and the zeroing of the replicas' gradient sums
         self.work_ahead = True
@@ -277,9 +274,7 @@ class FusedShardedEmbeddingCollection(WholeTables, nn.Module):
             step["rep_work"] = dist.all_reduce(step["rep_acc"], group=None if whole else self.group, async_op=True)
         self.pending.append(step)
         if not self.update_in_backward:
-            if self.update_beside and self.model_parallel and rows.is_cuda:
-                self._start_owned_update(step)
-            return  # the caller's `flush()` (or the next lookup) applies the rest
+            return  # the caller's `flush()` (or the next lookup) applies it
         if (self.world_size > 1 and self.overlap) or step["chunks"] > 1:
             torch.autograd.Variable._execution_engine.queue_callback(self.flush)
         else:
@@ -316,30 +311,9 @@ class FusedShardedEmbeddingCollection(WholeTables, nn.Module):
             offsets = self.local.offsets if self.local is not None else None
             self.next_route = finish_route(r, work, self.layout, offsets, self.cache, out)
 
-    def _start_owned_update(self, step: dict) -> None:
-        """The owned rows' update, queued now on a side stream that waits for their gradients'
-        exchange (in a CUDA graph: depends on nothing else); `flush()` joins it."""
-        stream = self.cache.get("update_stream")
-        if stream is None:
-            stream = self.cache["update_stream"] = torch.cuda.Stream(self.local_device())
-        stream.wait_stream(torch.cuda.current_stream())  # the step's rows, sorts and receive buffer
-        with torch.cuda.stream(stream):
-            self._update_owned(step)
-        step["owned_on"] = stream  # the step's buffers stay referenced in `pending` until the join
-
     def _apply_update(self, step: dict) -> None:
         """One optimizer step from every chunk's gradients: owned rows (while the replicas'
-        all-reduce still runs; or already started beside backward), then the replicas."""
-        if "owned_on" in step:
-            torch.cuda.current_stream().wait_stream(step["owned_on"])
-        else:
-            self._update_owned(step)
-        if step["rep_work"] is not None:
-            step["rep_work"].wait()
-        if step["rep_acc"] is not None:
-            apply_replicated(step["rep_acc"], self.replica, self.world_size)
-
-    def _update_owned(self, step: dict) -> None:
+        all-reduce still runs), then the replicas."""
         for work in step["works"]:
             if work is not None:  # None: one process
                 work.wait()
@@ -349,6 +323,10 @@ class FusedShardedEmbeddingCollection(WholeTables, nn.Module):
                             step["grad"].view(-1, 1, self.embedding_dim), local.weight, local.row_state,
                             local.scratch, local.pre_reduce, grad_scale=1.0 / self.world_size,
                             presorted=step["sorted"])
+        if step["rep_work"] is not None:
+            step["rep_work"].wait()
+        if step["rep_acc"] is not None:
+            apply_replicated(step["rep_acc"], self.replica, self.world_size)
 
     def local_device(self) -> torch.device:
         """The device of this rank's buffers."""
