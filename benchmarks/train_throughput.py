@@ -129,7 +129,8 @@ def compare_quality(args, device: torch.device) -> dict:
     aucs: dict[str, list[float]] = {}
     for k in range(args.quality_seeds):
         train = make_batches(sizes, args.batch_size, args.quality_steps, device, seed=1 if k == 0 else 100 + k)
-        for name in ("plain", *quality_paths(args.paths)):  # eager: the graph's warm-up steps would add updates
+        # eager: the graph's warm-up steps would add updates
+        for name in ("plain", *quality_paths(args.quality_paths or args.paths)):
             key = "auc_plain" if name == "plain" else "auc_fused" + name.removeprefix("fused-eager").replace(":", "_")
             aucs.setdefault(key, []).append(train_and_score(name, args, sizes, device, train, held, labels))
             print(json.dumps({key: aucs[key][-1], "seed": k}), file=sys.stderr, flush=True)
@@ -168,7 +169,7 @@ def train_and_score(name: str, args, sizes: list[int], device: torch.device, tra
 def quality_paths(paths: str) -> list[str]:
     """The eager fast path once per distinct precision among the timed `paths` (bf16 always)."""
     out = ["fused-eager"]
-    for name in paths.split(","):
+    for name in filter(None, paths.split(",")):
         kind, options = split_path(name)
         precision = sorted(options & PRECISION_OPTIONS)
         if kind != "naive" and precision and "fused-eager:" + ":".join(precision) not in out:
@@ -200,6 +201,8 @@ def parse(argv=None):
     p.add_argument("--quality-steps", type=int, default=150, help="0 skips the AUC comparison")
     p.add_argument("--quality-rows", type=int, default=200_000)
     p.add_argument("--quality-eval-batches", type=int, default=16, help="held-out batches for the AUC")
+    p.add_argument("--quality-paths", default=None, help="comma list of paths whose precisions the AUC "
+                   "comparison checks (default: --paths; an empty --paths then times nothing)")
     p.add_argument("--quality-seeds", type=int, default=1, help="train each quality path this many times "
                    "on other batches; AUCs and differences averaged (compare_quality)")
     p.add_argument("--no-align", action="store_true", help="keep Linear inputs of odd widths (13, 479)")
@@ -209,7 +212,8 @@ def parse(argv=None):
     p.add_argument("--small", action="store_true", help="tiny tables, dim 16, batch 512: seconds on a CPU")
     args = p.parse_args(argv)
     args.sizes = MLPERF_TABLES
-    args.paths = args.paths or ("naive,fused" if args.small else "naive,fused,fused-compile")
+    if args.paths is None:
+        args.paths = "naive,fused" if args.small else "naive,fused,fused-compile"
     if args.small:
         args.sizes = [min(n, 1000) for n in MLPERF_TABLES]
         args.dim, args.batch_size, args.steps, args.repeats = 16, 512, 3, 3
@@ -237,7 +241,7 @@ def main(argv=None) -> dict:
               "world_size": 1, "batch": args.batch_size, "dim": args.dim, "small": args.small,
               "precision": f"per path (below); {args.storage} tables",
               "table_rows": sum(args.sizes)}
-    for name in args.paths.split(","):
+    for name in filter(None, args.paths.split(",")):
         model, step = build_path(name, args, args.sizes, device, SPEED_OPTIM[args.model])
         t0 = time.perf_counter()
         result[name] = {"precision": precision_of(name, device), **measure(step, batches, args, device)}

@@ -53,6 +53,17 @@ def test_quantize_kernel_matches_quantize_rows(m, n, dtype):
         assert same_fp8(q, q_ref) > 0.995
 
 
+@pytest.mark.parametrize("shape", [(3456, 512), (512, 3456), (1024, 3456)])
+def test_quantize_kernel_reads_a_weights_transpose_in_place(shape):
+    weight = rows(*shape, 4, torch.float32)  # fp32 master weights, as the backward products quantize them
+    for fmt in (E4M3, E5M2):
+        q, s = quantize(weight.t(), fmt)
+        q_ref, s_ref = quantize_rows(weight.t().contiguous(), fmt)
+        assert q.is_contiguous() and q.shape == (shape[1], shape[0])
+        torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=0)
+        assert same_fp8(q, q_ref) > 0.995
+
+
 @pytest.mark.parametrize("n", [3456, 864])
 def test_forward_kernel_matches_its_reference(n):
     x0, h, x = rows(1000, n, 1), rows(1000, n, 2), rows(1000, n, 3)

@@ -67,15 +67,16 @@ def _sm_count(index: int) -> int:
 
 
 def quantize(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """`ctrflow.train.fp8.quantize_rows` of a 2-D tensor, in one kernel on CUDA."""
+    """`ctrflow.train.fp8.quantize_rows` of a 2-D tensor, in one kernel on CUDA; x may be strided (a
+    weight's `.t()`: read in place rather than copied contiguous first, 7 copies a step for DCNv2)."""
     if not _kernels(x):
         return quantize_rows(x, dtype)
-    x = x.contiguous()
     (m, n), (block_n, rows, warps) = x.shape, _shape(x.shape[1])
     q = torch.empty(m, n, dtype=dtype, device=x.device)
     scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
-    K.quantize_rows_kernel[(triton.cdiv(m, rows),)](x, q, scale, m, n, TOP=torch.finfo(dtype).max, ROWS=rows,
-                                                    BLOCK_N=block_n, num_warps=min(warps, LAUNCH["quantize_warps"]))
+    K.quantize_rows_kernel[(triton.cdiv(m, rows),)](x, q, scale, m, n, x.stride(0), x.stride(1),
+                                                    TOP=torch.finfo(dtype).max, ROWS=rows, BLOCK_N=block_n,
+                                                    num_warps=min(warps, LAUNCH["quantize_warps"]))
     return q, scale
 
 
@@ -193,13 +194,13 @@ class _Fp8Cross(torch.autograd.Function):
         if absorbs:  # as Fp8Linear's backward
             x_last, weight = rest[5 * layers:]
             d_next = ((g.t() @ x_last).float(), g.sum(0, dtype=torch.float32))
-            g = _product(*quantize(g, grad_dtype), weight.t().contiguous(), fast)  # G_L [M, N]
+            g = _product(*quantize(g, grad_dtype), weight.t(), fast)  # G_L [M, N]
         for i in reversed(range(layers)):
             x, z, _ = saved[3 * i:3 * i + 3]
             dh, dh_q, dh_scale, d_bias[i] = cross_dh(g, ds, x0, grad_dtype)
-            dz = _product(dh_q, dh_scale, ups[i].t().contiguous(), fast)  # dh U: [M, r]
+            dz = _product(dh_q, dh_scale, ups[i].t(), fast)  # dh U: [M, r]
             d_up[i] = (dh.t() @ z).float()  # bf16 tensor cores, as Fp8Linear's dW
-            ds.append(_product(*quantize(dz, grad_dtype), downs[i].t().contiguous(), fast))  # D_i = dz V
+            ds.append(_product(*quantize(dz, grad_dtype), downs[i].t(), fast))  # D_i = dz V
             d_down[i] = (dz.t() @ x).float()
         dx0 = cross_dx0(g, ds, [saved[3 * i + 2] for i in reversed(range(layers))])
         return (dx0.to(ctx.x0_dtype), None, *d_down, *d_up, *d_bias, *d_next)

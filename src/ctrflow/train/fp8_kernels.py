@@ -49,11 +49,13 @@ def _quantize_store(v, q_ptr, s_ptr, rows, offs, mask, M, TOP: tl.constexpr):
 
 
 @triton.jit
-def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, M, N, TOP: tl.constexpr, ROWS: tl.constexpr,
+def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, M, N, stride_m, stride_n, TOP: tl.constexpr, ROWS: tl.constexpr,
                          BLOCK_N: tl.constexpr):
-    """q, s = rows of x [M, N] in fp8 with one scale per row."""
+    """q, s = rows of x [M, N] (strides stride_m, stride_n: e.g. a weight's transpose, read in place)
+    in fp8 with one scale per row; q contiguous."""
     rows, offs, mask = _offsets(tl.program_id(0), M, N, ROWS, BLOCK_N)
-    _quantize_store(_load(x_ptr, offs, mask), q_ptr, s_ptr, rows, offs, mask, M, TOP)
+    at = rows[:, None].to(tl.int64) * stride_m + tl.arange(0, BLOCK_N)[None, :].to(tl.int64) * stride_n
+    _quantize_store(_load(x_ptr, at, mask), q_ptr, s_ptr, rows, offs, mask, M, TOP)
 
 
 @triton.jit
