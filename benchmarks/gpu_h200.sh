@@ -11,7 +11,7 @@ OUT=${OUT:-/tmp/ctrflow-gpu}; mkdir -p "$OUT"
 PARTS=${PARTS:-loader tests dlrm fp8cross dcnv2}
 TESTS=${TESTS:-tests/gpu/test_fused_dense_gpu.py tests/gpu/test_fused_embedding.py tests/gpu/test_train_fused_gpu.py \
 tests/gpu/test_fp8_gpu.py tests/gpu/test_fp8_cross_gpu.py tests/gpu/test_train_graphs_gpu.py}
-DCN_PATHS=${DCN_PATHS:-fused-compile-head:fp8:inblock,fused-compile-head:fp8,fused-compile-head:fp8:noabsorb,fused-compile-head:fp8:unfused,fused-compile-head,loop:fp8,naive}
+DCN_PATHS=${DCN_PATHS:-fused-compile-head:fp8,fused-compile-head:fp8:noabsorb,fused-compile-head:fp8:unfused,fused-compile-head,loop:fp8,naive}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 if has loader; then echo "== loader"; timeout 90 python3 benchmarks/loader_throughput.py | tee "$OUT/loader.json"; fi

@@ -16,10 +16,8 @@ option: DCNv2's cross layers stay `Fp8Linear` by `Fp8Linear` under inductor, as 
 of `ctrflow.train.fp8_cross.Fp8CrossNet`'s row kernels; same numbers up to bf16 roundings, so no AUC
 check of its own), `noabsorb` (with `fp8`: the deep MLP's first Linear stays its own `Fp8Linear` in the
 compiled graph instead of `Fp8CrossNet.absorb`ing it), `nocompile` (with `loop`: `ctrflow train
---compile off`: no compiled head (DCNv2) or dense parts (DLRM)), `inblock` (the fused tables' segment
-kernel steps each row whose positions all lie in one of its blocks itself: `ops.update_rows(in_block=True)`,
-same numbers), `bf16tab` (the fused tables stored in bf16, updates computed in fp32: half the table
-bytes; `--storage` sets every path's).
+--compile off`: no compiled head (DCNv2) or dense parts (DLRM)), `bf16tab` (the fused tables stored in
+bf16, updates computed in fp32: half the table bytes; `--storage` sets every path's).
 Device call 2 of session
 2 named these differently: its `fp8all:fastacc` is today's `fp8`, `fp8all` is `fp8:fp32acc`, `fp8`
 is `fp8w:fp32acc`, `fp8:fastacc` is `fp8w`.
@@ -56,7 +54,7 @@ SMALL_ARCH = {"dlrm": {"bottom_mlp": (32, 16), "top_mlp": (64, 32)},
 TABLE_OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.SparseAdam, "rowwise_adagrad": RowwiseAdagrad}
 KINDS = ("naive", "fused", "fused-eager", "fused-compile", "fused-compile-head", "loop", "plain")
 OPTIONS = ("fp8", "fp8w", "fp8t", "fp32acc", "e4m3g", "foreach", "unfused", "noabsorb", "nocompile", "noalign",
-           "bf16tab", "inblock")
+           "bf16tab")
 FP8 = {"fp8", "fp8w", "fp8t"}
 PRECISION_OPTIONS = FP8 | {"e4m3g", "fp32acc", "bf16tab"}  # options that change numbers: AUC-checked
 GRAPHED = ("fused", "fused-compile", "fused-compile-head")
@@ -192,8 +190,7 @@ def make_fast(model: nn.Module, args, sizes: list[int], device: torch.device, op
     storage = torch.bfloat16 if "bf16tab" in options else getattr(torch, args.storage)
     replace_module(model, "embeddings", FusedEmbeddingCollection(
         tables_for(sizes, list(SPARSE), args.dim), seed=0, optimizer=optim[2], lr=optim[3], device=device,
-        output_dtype=out_dtype, storage_dtype=storage, check_ids=False, pre_reduce=not args.no_pre_reduce,
-        in_block="inblock" in options))
+        output_dtype=out_dtype, storage_dtype=storage, check_ids=False, pre_reduce=not args.no_pre_reduce))
     if isinstance(model.interaction, DotInteraction):
         replace_module(model, "interaction", FusedDotInteraction.from_plain(model.interaction))
     if align and not args.no_align:

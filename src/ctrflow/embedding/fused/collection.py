@@ -26,8 +26,7 @@ class _FusedLookup(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         (ids,) = ctx.saved_tensors
         coll = ctx.collection
-        ops.update_rows(ids, coll.offsets, grad, coll.weight, coll.row_state, coll.scratch, coll.pre_reduce,
-                        in_block=coll.in_block)
+        ops.update_rows(ids, coll.offsets, grad, coll.weight, coll.row_state, coll.scratch, coll.pre_reduce)
         return None, None, None
 
 
@@ -39,7 +38,6 @@ class FusedEmbeddingCollection(nn.Module):
     The weights are a buffer, not a parameter: dense optimizers and DDP never see them, and no
     gradient tensor is ever made. `storage_dtype` may be bf16/fp16 (updates computed in fp32);
     `output_dtype` is the lookup's dtype (bf16 halves the bytes of the output and its gradient).
-    `in_block`: `ops.update_rows`'s option (same numbers, fewer bytes on the GPU).
     Built on CPU the weights equal `EmbeddingCollection(tables, seed)`'s; built with
     `device="cuda"` they are drawn there (same bounds, other numbers) to skip a host copy.
     """
@@ -47,8 +45,7 @@ class FusedEmbeddingCollection(nn.Module):
     def __init__(self, tables: list[TableConfig], seed: int = 0, optimizer: str = "sgd", lr: float = 0.01,
                  storage_dtype: torch.dtype = torch.float32, output_dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None, eps: float = 1e-8,
-                 betas: tuple[float, float] = (0.9, 0.999), check_ids: bool = True, pre_reduce: bool = True,
-                 in_block: bool = False):
+                 betas: tuple[float, float] = (0.9, 0.999), check_ids: bool = True, pre_reduce: bool = True):
         super().__init__()
         if optimizer not in ops.OPTIMIZERS:
             raise ValueError(f"unknown fused optimizer {optimizer!r}; choose one of {', '.join(ops.OPTIMIZERS)}")
@@ -60,7 +57,6 @@ class FusedEmbeddingCollection(nn.Module):
         self.output_dtype = output_dtype
         self.check_ids = check_ids
         self.pre_reduce = pre_reduce
-        self.in_block = in_block
         sizes = [t.num_embeddings for t in self.tables]
         starts = [0, *torch.tensor(sizes).cumsum(0).tolist()[:-1]]
         device = torch.device(device or "cpu")

@@ -3,8 +3,7 @@
 All tables live in one buffer `weight` [R, D] (table f starts at row `offsets[f]`). Three kernels:
 `gather_rows_kernel` (forward: ids [N] -> rows [N, D]), `accumulate_segments_kernel` (backward:
 per-position gradients summed into one fp32 row per distinct id, the ids sorted beforehand) and
-`apply_update_kernel` (the optimizer step on each distinct row, which also re-zeroes the sums; with
-IN_BLOCK the segment kernel steps the rows whose positions all lie in one of its blocks itself).
+`apply_update_kernel` (the optimizer step on each distinct row, which also re-zeroes the sums).
 No kernel reads a value back on the host, so a whole training step can be captured in a CUDA graph.
 """
 
@@ -33,24 +32,16 @@ def gather_rows_kernel(ids_ptr, offsets_ptr, weight_ptr, out_ptr, n_items, num_f
 
 @triton.jit
 def accumulate_segments_kernel(sorted_rows_ptr, order_ptr, slot_ptr, grad_ptr, acc_ptr, unique_rows_ptr,
-                               weight_ptr, state1_ptr, state2_ptr, hyper_ptr, crossing_ptr, n_items, num_features,
-                               stride_b, stride_f, grad_scale, eps, beta1, beta2, D: tl.constexpr,
-                               BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRE_REDUCE: tl.constexpr,
-                               GRAD_IS_BF16: tl.constexpr, DIRECT_SGD: tl.constexpr, IN_BLOCK: tl.constexpr,
-                               OPTIMIZER: tl.constexpr):
+                               weight_ptr, hyper_ptr, n_items, num_features, stride_b, stride_f, grad_scale,
+                               D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                               PRE_REDUCE: tl.constexpr, GRAD_IS_BF16: tl.constexpr, DIRECT_SGD: tl.constexpr):
     """acc[slot[p]] += grad[order[p]] over BLOCK_N sorted positions p; unique_rows[slot[p]] = row.
 
     Positions are sorted by row, so one distinct row's positions are contiguous. With PRE_REDUCE the
     block first sums its positions per slot with a one-hot matrix product (a hot row then costs one
     atomic row per block instead of one per position). With DIRECT_SGD (needs PRE_REDUCE, fp32
     weights) the block adds -lr * its sums straight into the weight rows: SGD is linear, so partial
-    sums may land in any order, and no sum buffer or update kernel is needed. With IN_BLOCK (needs
-    PRE_REDUCE, fp32 weights) a distinct row whose positions all lie in this block (most rows: only a
-    block's first and last segment can cross its ends) gets its optimizer step here from the block's
-    sum, which is its whole sum: no sum row in acc (atomic add, re-read, re-zeroing). The weight rows
-    are gathered before the sums are made, so both gathers are in flight together. The other rows go
-    through acc; the block that holds a crossing row's first position lists its slot in
-    crossing[pid] (else -1), and the update kernel steps only the listed slots.
+    sums may land in any order, and no sum buffer or update kernel is needed.
     grad is [B, F, D] with strides (stride_b, stride_f, 1): position n is (n // F, n % F); the sums
     are multiplied by `grad_scale` (1/world on the sharded path: the average over ranks, like DDP).
     """
@@ -61,9 +52,8 @@ def accumulate_segments_kernel(sorted_rows_ptr, order_ptr, slot_ptr, grad_ptr, a
     slot = tl.load(slot_ptr + items, mask=in_range, other=0).to(tl.int64)
     row = tl.load(sorted_rows_ptr + items, mask=in_range, other=0).to(tl.int64)
     if not DIRECT_SGD:
-        if not IN_BLOCK:
-            # several positions write the same value to one slot: a benign race
-            tl.store(unique_rows_ptr + slot, row, mask=in_range)
+        # several positions write the same value to one slot: a benign race
+        tl.store(unique_rows_ptr + slot, row, mask=in_range)
     cols = tl.arange(0, BLOCK_D)
     mask = in_range[:, None] & (cols[None, :] < D)
     src_at = (src // num_features) * stride_b + (src % num_features) * stride_f
@@ -72,21 +62,6 @@ def accumulate_segments_kernel(sorted_rows_ptr, order_ptr, slot_ptr, grad_ptr, a
         first = tl.load(slot_ptr + start).to(tl.int64)
         local = tl.where(in_range, slot - first, BLOCK_N)  # [BLOCK_N] in 0..BLOCK_N-1
         targets = tl.arange(0, BLOCK_N)
-        if IN_BLOCK:
-            last = tl.max(tl.where(in_range, local, 0), axis=0)  # the block's last local slot
-            # does the first (last) segment continue in the previous (next) block?
-            before = tl.load(slot_ptr + start - 1, mask=start > 0, other=-1).to(tl.int64)
-            after = tl.load(slot_ptr + start + BLOCK_N, mask=start + BLOCK_N < n_items, other=-1).to(tl.int64)
-            first_closed = before != first
-            last_closed = after != first + last
-            whole = ((targets > 0) | first_closed) & ((targets < last) | last_closed) & (targets <= last)
-            pos_whole = ((local > 0) | first_closed) & ((local < last) | last_closed)
-            tl.store(unique_rows_ptr + slot, row, mask=in_range & (pos_whole == 0))
-            listed = (last_closed == 0) & ((last > 0) | first_closed)  # a crossing row that starts here
-            tl.store(crossing_ptr + tl.program_id(0), tl.where(listed, first + last, -1))
-            target_row = tl.max(tl.where(targets[:, None] == local[None, :], row[None, :], -1), axis=1)
-            w_mask = whole[:, None] & (cols[None, :] < D)
-            w = tl.load(weight_ptr + target_row[:, None] * D + cols[None, :], mask=w_mask, other=0.0)
         onehot = (targets[:, None] == local[None, :]).to(tl.bfloat16)  # [BLOCK_N slots, BLOCK_N positions]
         high = grad.to(tl.bfloat16)
         sums = tl.dot(onehot, high, out_dtype=tl.float32)  # [BLOCK_N, BLOCK_D], exact for bf16 grads
@@ -102,11 +77,6 @@ def accumulate_segments_kernel(sorted_rows_ptr, order_ptr, slot_ptr, grad_ptr, a
             lr = tl.load(hyper_ptr)
             tl.atomic_add(weight_ptr + target_row[:, None] * D + cols[None, :], -lr * sums, mask=out_mask,
                           sem="relaxed")
-        elif IN_BLOCK:
-            _step_rows(target_row, w.to(tl.float32), sums, whole, w_mask, weight_ptr, state1_ptr, state2_ptr,
-                       hyper_ptr, eps, beta1, beta2, D, BLOCK_D, OPTIMIZER)
-            part = (whole == 0)[:, None] & out_mask
-            tl.atomic_add(acc_ptr + (first + targets)[:, None] * D + cols[None, :], sums, mask=part, sem="relaxed")
         else:
             tl.atomic_add(acc_ptr + (first + targets)[:, None] * D + cols[None, :], sums, mask=out_mask,
                           sem="relaxed")
@@ -116,42 +86,27 @@ def accumulate_segments_kernel(sorted_rows_ptr, order_ptr, slot_ptr, grad_ptr, a
 
 
 @triton.jit
-def apply_update_kernel(unique_rows_ptr, count_ptr, list_ptr, n_list, acc_ptr, weight_ptr, state1_ptr, state2_ptr,
-                        hyper_ptr, eps, beta1, beta2, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_U: tl.constexpr,
-                        OPTIMIZER: tl.constexpr, LISTED: tl.constexpr):
+def apply_update_kernel(unique_rows_ptr, count_ptr, acc_ptr, weight_ptr, state1_ptr, state2_ptr, hyper_ptr,
+                        eps, beta1, beta2, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_U: tl.constexpr,
+                        OPTIMIZER: tl.constexpr):
     """One optimizer step on the distinct rows slots [pid*BLOCK_U, +BLOCK_U) < count; zeroes acc there.
-    LISTED: on the slots list[pid*BLOCK_U, +BLOCK_U) (< n_list) instead, where not -1 (IN_BLOCK's crossing rows).
 
     hyper = [lr, step] (device memory, so that a captured graph sees a new learning rate).
     SGD: w -= lr g. Row-wise Adagrad: s += mean(g^2); w -= lr g / (sqrt(s) + eps).
     Adam (lazy, torch.optim.SparseAdam's rule): m, v of touched rows only;
     w -= lr sqrt(1 - b2^step) / (1 - b1^step) m / (sqrt(v) + eps).
     """
-    index = tl.program_id(0).to(tl.int64) * BLOCK_U + tl.arange(0, BLOCK_U)
-    if LISTED:
-        slots = tl.load(list_ptr + index, mask=index < n_list, other=-1).to(tl.int64)
-        ok = slots >= 0
-    else:
-        slots = index
-        ok = slots < tl.load(count_ptr).to(tl.int64)
+    count = tl.load(count_ptr).to(tl.int64)
+    slots = tl.program_id(0).to(tl.int64) * BLOCK_U + tl.arange(0, BLOCK_U)
+    ok = slots < count
     cols = tl.arange(0, BLOCK_D)
     mask = ok[:, None] & (cols[None, :] < D)
     rows = tl.load(unique_rows_ptr + slots, mask=ok, other=0)
     acc_at = acc_ptr + slots[:, None] * D + cols[None, :]
     grad = tl.load(acc_at, mask=mask, other=0.0)
     tl.store(acc_at, tl.zeros([BLOCK_U, BLOCK_D], dtype=tl.float32), mask=mask)
-    w = tl.load(weight_ptr + rows[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    _step_rows(rows, w, grad, ok, mask, weight_ptr, state1_ptr, state2_ptr, hyper_ptr, eps, beta1, beta2, D, BLOCK_D,
-               OPTIMIZER)
-
-
-@triton.jit
-def _step_rows(rows, w, grad, ok, mask, weight_ptr, state1_ptr, state2_ptr, hyper_ptr, eps, beta1, beta2,
-               D: tl.constexpr, BLOCK_D: tl.constexpr, OPTIMIZER: tl.constexpr):
-    """The optimizer step of `apply_update_kernel` on weight rows `rows` [U] (their values w [U, BLOCK_D]
-    fp32) from their summed gradients grad [U, BLOCK_D] fp32, where `ok` [U] (`mask` [U, BLOCK_D])."""
-    cols = tl.arange(0, BLOCK_D)
     w_at = weight_ptr + rows[:, None] * D + cols[None, :]
+    w = tl.load(w_at, mask=mask, other=0.0).to(tl.float32)
     lr = tl.load(hyper_ptr)
     if OPTIMIZER == 0:
         w = w - lr * grad

@@ -79,26 +79,19 @@ def sort_rows(rows: torch.Tensor, num_rows: int) -> tuple:
 
 def update_rows(ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor, weight: torch.Tensor,
                 state: RowState, scratch: dict, pre_reduce: bool = True, grad_scale: float = 1.0,
-                presorted: tuple | None = None, in_block: bool = False) -> None:
+                presorted: tuple | None = None) -> None:
     """Apply one optimizer step to the rows of `weight` that `ids` [B, F] touched, given grad [B, F, D]
     times `grad_scale`.
 
     Repeated rows are summed first (as a sparse gradient would be), then stepped once.
     `scratch` keeps the fp32 sum buffer between calls (the update kernel leaves it zeroed).
     `presorted`: `sort_rows` of these ids' rows, done earlier (used by the GPU kernels).
-    `in_block` (GPU, fp32 weights, `pre_reduce`, Adagrad or Adam): the segment kernel steps each
-    distinct row whose positions all fall in one of its blocks itself (the same sums and rule: the
-    same numbers), skipping that row's fp32 sum row in global memory (kernels.py). Off by default:
-    DCNv2 on an H200 (row-wise Adagrad, batch 65,536) measured -0.07 ms a step (segment kernel 0.29 ->
-    0.77 ms, update kernel 0.58 -> 0.03: its dependent weight gathers run at ~half the copy rate);
-    Adam's in-block step (two more [32, D] tiles) is not timed.
     """
     rows = (ids + offsets).reshape(-1)
     if state.optimizer == "adam":
         state.hyper[1].add_(1.0)
     if uses_kernels(weight):
-        _update_rows_triton(rows, ids.shape[1], grad, weight, state, scratch, pre_reduce, grad_scale, presorted,
-                            in_block)
+        _update_rows_triton(rows, ids.shape[1], grad, weight, state, scratch, pre_reduce, grad_scale, presorted)
         return
     unique, inverse = torch.unique(rows, return_inverse=True)
     summed = torch.zeros(unique.numel(), weight.shape[1], dtype=torch.float32, device=grad.device)
@@ -110,7 +103,7 @@ def update_rows(ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor, we
 
 def _update_rows_triton(rows: torch.Tensor, features: int, grad3: torch.Tensor, weight: torch.Tensor,
                         state: RowState, scratch: dict, pre_reduce: bool, grad_scale: float = 1.0,
-                        presorted: tuple | None = None, in_block: bool = False) -> None:
+                        presorted: tuple | None = None) -> None:
     """`update_rows` on the GPU: rows [N] (global), grad3 [B, F, D], maybe a strided view (a slice
     of the interaction's input gradient). Sort, number the distinct rows, two kernels (one for SGD)."""
     dim = weight.shape[1]
@@ -125,25 +118,22 @@ def _update_rows_triton(rows: torch.Tensor, features: int, grad3: torch.Tensor, 
     block_d = triton.next_power_of_2(dim)
     if grad3.stride(2) != 1:
         grad3 = grad3.contiguous()
-    in_block = in_block and pre_reduce and not direct and weight.dtype == torch.float32
-    # in-block stepping holds [32, D] weight rows besides the sums: half the positions a block, for occupancy
-    block_n = 32 if in_block or not pre_reduce else 64
-    blocks = triton.cdiv(n_items, block_n)
-    crossing = torch.empty(blocks, dtype=torch.int64, device=weight.device) if in_block else unique_rows
-    kernels.accumulate_segments_kernel[(blocks,)](
-        sorted_rows, order, slot, grad3, acc, unique_rows, weight, state.state1, state.state2, state.hyper, crossing,
-        n_items, features, grad3.stride(0), grad3.stride(1), float(grad_scale), state.eps, state.beta1, state.beta2,
-        D=dim, BLOCK_D=block_d, BLOCK_N=block_n, PRE_REDUCE=pre_reduce, GRAD_IS_BF16=grad3.dtype == torch.bfloat16,
-        DIRECT_SGD=direct, IN_BLOCK=in_block, OPTIMIZER=OPTIMIZERS[state.optimizer], num_warps=4)
+    block_n = 64 if pre_reduce else 32
+    kernels.accumulate_segments_kernel[(triton.cdiv(n_items, block_n),)](
+        sorted_rows, order, slot, grad3, acc, unique_rows, weight, state.hyper, n_items, features,
+        grad3.stride(0), grad3.stride(1), float(grad_scale), D=dim, BLOCK_D=block_d, BLOCK_N=block_n,
+        PRE_REDUCE=pre_reduce, GRAD_IS_BF16=grad3.dtype == torch.bfloat16, DIRECT_SGD=direct, num_warps=4)
     if direct:
         return
     # bf16/fp16 weights: one row per program (16-row tiles lost updates on the GPU; NOTES.md)
     block_u = 16 if weight.dtype == torch.float32 else 1
-    listed = crossing.numel() if in_block else n_items  # in_block: only the crossing rows' listed slots
-    kernels.apply_update_kernel[(triton.cdiv(listed, block_u),)](
-        unique_rows, count, crossing, listed, acc, weight, state.state1, state.state2, state.hyper, state.eps,
-        state.beta1, state.beta2, D=dim, BLOCK_D=block_d, BLOCK_U=block_u, OPTIMIZER=OPTIMIZERS[state.optimizer],
-        LISTED=in_block, num_warps=4)
+    # no tile element held by two warps: where a tile is copied over several warps, one copy could read
+    # a sum row after another copy had zeroed it (fp16 rows of 24 held an inf after 3 steps at 4 warps)
+    warps = max(1, min(4, block_u * block_d // 128))
+    kernels.apply_update_kernel[(triton.cdiv(n_items, block_u),)](
+        unique_rows, count, acc, weight, state.state1, state.state2, state.hyper, state.eps, state.beta1,
+        state.beta2, D=dim, BLOCK_D=block_d, BLOCK_U=block_u, OPTIMIZER=OPTIMIZERS[state.optimizer],
+        num_warps=warps)
 
 
 def apply_reference(rows: torch.Tensor, grad: torch.Tensor, weight: torch.Tensor, state: RowState) -> None:
