@@ -14,8 +14,9 @@ as the one-GPU fast path, the step started by the tables' lookups and exchanges 
 bottom MLP runs under the all-to-all) and DLRM's interaction reading the exchange buffers in place
 (`--no-in-place` gathers [b, 26, D] first; `--chunks N` splits the step into micro-batches, measured
 slower on 4 H200s); each step also routes the next step's ids (`--route-ahead`) and sorts its rows for
-the update and zeroes the replicas' sums in forward (`--work-ahead`); `--graph` is what `ctrflow train` runs
-under torchrun: no DDP, the step averages the dense gradients (`ctrflow.train.dense_average.DenseAverage`,
+the update and zeroes the replicas' sums in forward (`--work-ahead`; under `--graph` that work, the
+replicas' sums and all-reduce and the tables' update run on a side stream beside the dense layers:
+`--beside`); `--graph` is what `ctrflow train` runs under torchrun: no DDP, the step averages the dense gradients (`ctrflow.train.dense_average.DenseAverage`,
 on a communicator of its own unless `--dense-comm shared`) and is replayed as one CUDA graph
 (`ctrflow.train.graphs.GraphedStep`); `--profile DIR` writes per-kernel GPU times of
 graph replays and the ATen ops (with shapes) of one eager step. `plain`: `ShardedEmbeddingCollection`
@@ -94,6 +95,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="fused path, no row-wise tables: each step's ids all-to-all runs during the step before")
     p.add_argument("--work-ahead", action=argparse.BooleanOptionalAction, default=True,
                    help="fused path: sort the step's rows for the update and zero the replicas' sums in forward")
+    p.add_argument("--beside", action=argparse.BooleanOptionalAction, default=True,
+                   help="--graph: the tables' sorts, replicas' sums and update on a side stream beside the dense layers")
     p.add_argument("--dense-comm", default="own", choices=("shared", "own"),
                    help="--graph: the dense gradients' all-reduce on the default communicator (shared) or on "
                         "its own (own, beside the replicated tables' all-reduce)")
@@ -137,7 +140,7 @@ def build_fused(args, runtime, tables, plan, model, group):
         tables, plan, group, runtime.device, optimizer=FUSED_RULES[args.optimizer], lr=args.lr,
         output_dtype=torch.bfloat16 if bf16 else torch.float32, seed=args.seed, check=False,
         overlap=not args.no_overlap)
-    model.embeddings.work_ahead = args.work_ahead
+    model.embeddings.work_ahead, model.embeddings.beside = args.work_ahead, args.beside
     replace_module(model, "interaction", FusedDotInteraction.from_plain(model.interaction))
     args.in_place = args.in_place and read_exchange_layout(model)
     align_linear_inputs(model)
@@ -198,7 +201,7 @@ def main(argv: list[str] | None = None) -> dict:
     record["replicate_mib"] = replicate / 2**20
     if args.embedding == "fused":
         record.update(large=large, overlap=not args.no_overlap, graph=args.graph, chunks=args.chunks,
-                      route_ahead=args.route_ahead, work_ahead=args.work_ahead,
+                      route_ahead=args.route_ahead, work_ahead=args.work_ahead, beside=args.beside,
                       dense_comm=args.dense_comm if args.graph else "ddp",
                       compiled=runtime.device.type == "cuda" and not args.no_compile)
     try:

@@ -42,7 +42,7 @@ class _ShardedLookup(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, ids, anchor, coll):
-        out, saved = coll.lookup(ids, anchor.requires_grad)
+        out, saved = coll.lookup(ids)
         ctx.coll, ctx.saved = coll, saved
         return out
 
@@ -99,6 +99,9 @@ class FusedShardedEmbeddingCollection(DeferredUpdate, WholeTables, nn.Module):
         # forward also does what backward needs from the ids alone, while the exchange travels: the
         # update's sorts of the step's rows and the zeroing of the replicas' gradient sums
         self.work_ahead = True
+        # several CUDA ranks whose caller flushes: the tables' own work (those sorts, the replicas' sums and
+        # all-reduce, the update) on a side stream, beside the dense layers, joined by `flush()`
+        self.beside = True
         self.cache: dict = {}
 
     @classmethod
@@ -161,26 +164,29 @@ class FusedShardedEmbeddingCollection(DeferredUpdate, WholeTables, nn.Module):
             bounds.append(bounds[-1] + r.rows.numel())
         rows = routes[0].rows if len(routes) == 1 else torch.cat([r.rows for r in routes])
         step = {"rows": rows, "bounds": bounds, "chunks": len(chunks), "arrived": 0, "works": [], "grad": None,
-                "rep_acc": None, "rep_work": None, "sorted": None, "rep_sorted": [None] * len(chunks)}
+                "rep_acc": None, "rep_work": None, "sorted": None, "rep_sorted": [None] * len(chunks),
+                "rep_ids": [None] * len(chunks)}
         if self.local is not None and rows.numel():  # one gather for every chunk's received ids
             emb = ops.lookup(rows.view(-1, 1), self.zero_offset, self.local.weight, self.output_dtype).view(-1, dim)
         else:
             emb = None
         self.ready = [self._start_exchange(ids, r, emb, step, c) for c, (ids, r) in enumerate(zip(chunks, routes))]
-        for entry in self.ready:  # while the embeddings travel
-            b = entry["ids"].shape[0]
-            if self.replica is not None and b:
-                rep_ids = entry["ids"].index_select(1, self.rep_index)
-                ops.lookup(rep_ids, self.replica.offsets, self.replica.weight,
-                           self.output_dtype, out=entry["src"][entry["n_back"]:].view(b, len(lay.rep), dim))
-                if self._sort_ahead():
-                    step["rep_sorted"][entry["chunk"]] = ops.sort_rows(
-                        (rep_ids + self.replica.offsets).reshape(-1), self.replica.weight.shape[0])
-        if self._sort_ahead() and self.local is not None and rows.numel():
-            step["sorted"] = ops.sort_rows(rows, self.local.weight.shape[0])
+        rep = self.replica
+        if rep is not None:  # their lookups wait for `lookup`, so the bottom MLP is not queued behind them
+            step["rep_ids"] = [ids.index_select(1, self.rep_index) for ids in chunks]
+        if self.work_ahead and torch.is_grad_enabled():
+            # while the embeddings travel, beside the bottom MLP: work only the update needs
+            with self._beside(rows, *(step["rep_ids"] if rep is not None else [])):
+                if rep is not None:
+                    step["rep_acc"] = self._replica_sums()
+                for c, chunk_ids in enumerate(step["rep_ids"] if rep is not None and self._sort_ahead() else []):
+                    step["rep_sorted"][c] = ops.sort_rows((chunk_ids + rep.offsets).reshape(-1), rep.weight.shape[0])
+                if self._sort_ahead() and self.local is not None and rows.numel():
+                    step["sorted"] = ops.sort_rows(rows, self.local.weight.shape[0])
         if next_ids is not None and self.model_parallel and lay.static and len(chunks) == 1:
-            # queued behind this step's exchanges; waited for at the end of the step
-            self.ahead = start_route(next_ids, lay, self.group, self._tab_indices())
+            # queued behind this step's exchanges; finished by `flush()` at the end of the step
+            with self._beside(next_ids):
+                self.ahead = start_route(next_ids, lay, self.group, self._tab_indices())
 
     def _start_exchange(self, ids: torch.Tensor, r: Route, emb, step: dict, c: int) -> dict:
         """Chunk c's returned embeddings, started into the head of its source buffer (whose tail
@@ -194,9 +200,8 @@ class FusedShardedEmbeddingCollection(DeferredUpdate, WholeTables, nn.Module):
             _, work = exchange_async(piece, r.send, r.recv, self.group, out=src[:n_back])
         return {"ids": ids, "route": r, "src": src, "work": work, "n_back": n_back, "step": step, "chunk": c}
 
-    def lookup(self, ids: torch.Tensor, train: bool = True) -> tuple[torch.Tensor, tuple]:
-        """The forward of one (micro-)batch; returns the output and what backward needs (`train`:
-        a backward will follow).
+    def lookup(self, ids: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+        """The forward of one (micro-)batch; returns the output and what backward needs.
 
         The returned embeddings and the replicated lookups land in one source buffer, and one
         gather (`place_index`) writes [b, F, D] from it: no per-feature copies (none at all with
@@ -204,9 +209,10 @@ class FusedShardedEmbeddingCollection(DeferredUpdate, WholeTables, nn.Module):
         if not self.ready or self.ready[0]["ids"] is not ids:
             self.prefetch([ids])
         entry = self.ready.pop(0)
-        if train and self.work_ahead and self.replica is not None and entry["chunk"] == 0:
-            # the step's replica gradient sums: zeroed while the exchange still travels, not in backward
-            entry["step"]["rep_acc"] = self._replica_sums()
+        b, c = ids.shape[0], entry["chunk"]
+        if self.replica is not None and b:  # while the exchange still travels
+            ops.lookup(entry["step"]["rep_ids"][c], self.replica.offsets, self.replica.weight, self.output_dtype,
+                       out=entry["src"][entry["n_back"]:].view(b, len(self.layout.rep), self.embedding_dim))
         if entry["work"] is not None:
             entry["work"].wait()
         r = entry["route"]

@@ -3,10 +3,14 @@ back to the shard owners and the replicas' summed over ranks, both started async
 optimizer update a step from every micro-batch's gradients, applied at the end of backward (an autograd
 callback) or by the caller's `flush()` (`update_in_backward = False`, e.g. after it started its own
 all-reduce of the dense gradients, which then runs beside the update). `flush()` also runs before the
-next lookup, so no lookup ever reads a table whose update is pending.
+next lookup, so no lookup ever reads a table whose update is pending. On several GPUs with a flushing
+caller, the tables' own work (forward's sorts, the replicas' sums and all-reduce, the update) runs on a
+side stream, so the bottom MLP's layers are not queued behind it (4 H200s: -0.2 ms a step, NOTES session 7).
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -20,8 +24,38 @@ from ctrflow.embedding.fused.routing import finish_route, pack_index
 class DeferredUpdate:
     """Mixin of the fused sharded collection (attributes `layout`, `tables`, `embedding_dim`, `group`,
     `world_size`, `local`, `replica`, `cache`, `pending`, `ahead`, `next_route`, `raw_output`,
-    `update_in_backward`, `overlap`, `model_parallel`, `output_dtype`, buffers `rep_index`, `zero_offset`,
-    and method `local_device`)."""
+    `update_in_backward`, `overlap`, `beside`, `model_parallel`, `output_dtype`, buffers `rep_index`,
+    `zero_offset`, and method `local_device`)."""
+
+    def _side(self) -> torch.cuda.Stream | None:
+        """The stream of the tables' own work beside the dense layers' (`beside`: several CUDA ranks
+        whose caller flushes), or None: that work then queues on the current stream."""
+        if not (self.beside and not self.update_in_backward and self.world_size > 1
+                and self.local_device().type == "cuda"):
+            return None
+        if "side" not in self.cache:
+            self.cache["side"] = torch.cuda.Stream(self.local_device())
+        return self.cache["side"]
+
+    @contextmanager
+    def _beside(self, *inputs: torch.Tensor):
+        """Run the block on `_side()` (after what the current stream queued so far); `inputs`, made on
+        the current stream, are not reused before the side stream has read them. `flush()` joins."""
+        side = self._side()
+        if side is None:
+            yield
+            return
+        side.wait_stream(torch.cuda.current_stream())
+        for t in inputs:
+            t.record_stream(side)
+        self.cache["side_used"] = True
+        with torch.cuda.stream(side):
+            yield
+
+    def _join_side(self) -> None:
+        """The current stream waits for the side stream's work (a CUDA graph needs it joined)."""
+        if self.cache.pop("side_used", False):
+            torch.cuda.current_stream().wait_stream(self.cache["side"])
 
     def start_backward(self, grad: torch.Tensor, saved: tuple) -> None:
         """Send the gradients to the shard owners (into the step's one receive buffer) and sum the
@@ -42,19 +76,22 @@ class DeferredUpdate:
             lo, hi = step["bounds"][c], step["bounds"][c + 1]
             _, work = exchange_async(packed[:n_send], r.recv, r.send, self.group, out=step["grad"][lo:hi])
             step["works"].append(work)
+        last = step["arrived"] + 1 == step["chunks"]
         if self.replica is not None:
             rep = self.replica
-            step["rep_acc"] = replicated_grad(ids.index_select(1, self.rep_index), rep.offsets,
-                                              packed[n_send:].view(b, len(lay.rep), dim), rep.weight.shape[0],
-                                              self.cache, counts=needs_counts(rep), out=step["rep_acc"],
-                                              presorted=step["rep_sorted"][c])
+            rep_ids = step["rep_ids"][c]
+            with self._beside(packed):  # beside the bottom MLP's backward
+                step["rep_acc"] = replicated_grad(rep_ids, rep.offsets, packed[n_send:].view(b, len(lay.rep), dim),
+                                                  rep.weight.shape[0], self.cache, counts=needs_counts(rep),
+                                                  out=step["rep_acc"], presorted=step["rep_sorted"][c])
+                if last and self.world_size > 1:
+                    # on the default group's communicator: beside the all-to-all, not behind it
+                    whole = self.world_size == dist.get_world_size()
+                    step["rep_work"] = dist.all_reduce(step["rep_acc"], group=None if whole else self.group,
+                                                       async_op=True)
         step["arrived"] += 1
-        if step["arrived"] < step["chunks"]:
+        if not last:
             return  # the last chunk's backward queues the update
-        if self.replica is not None and self.world_size > 1:
-            # on the default group's communicator: beside the all-to-all, not behind it
-            whole = self.world_size == dist.get_world_size()
-            step["rep_work"] = dist.all_reduce(step["rep_acc"], group=None if whole else self.group, async_op=True)
         self.pending.append(step)
         if not self.update_in_backward:
             return  # the caller's `flush()` (or the next lookup) applies it
@@ -77,9 +114,15 @@ class DeferredUpdate:
         next step's routing if `prefetch(next_ids=...)` started it; no-op if neither."""
         pending, self.pending = self.pending, []
         for step in pending:
-            self._apply_update(step)
+            # after the whole backward: the update started as soon as its exchange landed, beside the
+            # bottom MLP's backward, was measured slower (benchmarks/NOTES.md, session 7)
+            with self._beside(*([step["rows"], step["grad"]] if step["grad"] is not None else [])):
+                self._apply_update(step)
+        self._join_side()
         if self.ahead is not None:  # after the update: its rows buffer is the one written here
             (r, work), self.ahead = self.ahead, None
+            if r.rows.is_cuda:  # made on the side stream, read below on this one
+                r.rows.record_stream(torch.cuda.current_stream())
             out = self.cache.get(("ahead", r.rows.numel()))
             if out is None:
                 out = self.cache["ahead", r.rows.numel()] = torch.empty_like(r.rows)
