@@ -4,7 +4,9 @@
 
 For each (K, N) of the cross layers and the deep MLP's first layers: TFLOP/s of the bf16 product
 (x [M, K] @ W^T), of `torch._scaled_mm` with row scales and with one scale per tensor (fp32
-accumulation; fast accumulation too), and the eager cost of quantizing x. Prints one JSON line.
+accumulation; fast accumulation too), `ctrflow.train.fp8_product`'s Triton kernel where it applies
+(K <= 512, fast accumulation; with its ratio to cuBLAS's), and the eager cost of quantizing x. Prints one
+JSON line.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 
 import torch
 
+from ctrflow.train import fp8_product
 from ctrflow.train.fp8 import E4M3, quantize_rows, quantize_tensor
 
 SHAPES = [(3456, 512), (512, 3456), (3456, 1024), (1024, 1024), (1024, 512)]
@@ -49,7 +52,11 @@ def measure_shape(m: int, k: int, n: int) -> dict:
         "fp8_tensor_fast": lambda: torch._scaled_mm(xt, wt.t(), scale_a=sxt, scale_b=swt,
                                                     out_dtype=torch.bfloat16, use_fast_accum=True),
     }
+    if fp8_product.suits(xr, wr, fast=True):
+        variants["fp8_row_triton"] = lambda: fp8_product.scaled_product(xr, sxr, wr, swr)
     out = {f"{name}_tflops": round(flop / time_ms(fn) / 1e9, 1) for name, fn in variants.items()}
+    if "fp8_row_triton_tflops" in out:
+        out["triton_over_cublas"] = round(out["fp8_row_triton_tflops"] / out["fp8_row_fast_tflops"], 3)
     out["quantize_rows_ms"] = round(time_ms(lambda: quantize_rows(x, E4M3)), 3)
     return out
 

@@ -17,7 +17,8 @@ of `ctrflow.train.fp8_cross.Fp8CrossNet`'s row kernels; same numbers up to bf16 
 check of its own), `noabsorb` (with `fp8`: the deep MLP's first Linear stays its own `Fp8Linear` in the
 compiled graph instead of `Fp8CrossNet.absorb`ing it), `nocompile` (with `loop`: `ctrflow train
 --compile off`: no compiled head (DCNv2) or dense parts (DLRM)), `bf16tab` (the fused tables stored in
-bf16, updates computed in fp32: half the table bytes; `--storage` sets every path's).
+bf16, updates computed in fp32: half the table bytes; `--storage` sets every path's), `inline` (with `fp8`:
+`Fp8CrossNet`'s weight-gradient products on the main stream, not beside its row kernels).
 Device call 2 of session
 2 named these differently: its `fp8all:fastacc` is today's `fp8`, `fp8all` is `fp8:fp32acc`, `fp8`
 is `fp8w:fp32acc`, `fp8:fastacc` is `fp8w`.
@@ -40,6 +41,7 @@ from ctrflow.embedding.tables import tables_for
 from ctrflow.models import build_model, replace_module
 from ctrflow.models.layers import DotInteraction
 from ctrflow.train.fp8 import E4M3, E5M2, apply_fp8
+from ctrflow.train.fp8_cross import Fp8CrossNet
 from ctrflow.train.fused import FusedTables
 from ctrflow.train.graphs import GraphedStep, compile_dense
 from ctrflow.train.loop import train_step
@@ -54,7 +56,7 @@ SMALL_ARCH = {"dlrm": {"bottom_mlp": (32, 16), "top_mlp": (64, 32)},
 TABLE_OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.SparseAdam, "rowwise_adagrad": RowwiseAdagrad}
 KINDS = ("naive", "fused", "fused-eager", "fused-compile", "fused-compile-head", "loop", "plain")
 OPTIONS = ("fp8", "fp8w", "fp8t", "fp32acc", "e4m3g", "foreach", "unfused", "noabsorb", "nocompile", "noalign",
-           "bf16tab")
+           "bf16tab", "inline")
 FP8 = {"fp8", "fp8w", "fp8t"}
 PRECISION_OPTIONS = FP8 | {"e4m3g", "fp32acc", "bf16tab"}  # options that change numbers: AUC-checked
 GRAPHED = ("fused", "fused-compile", "fused-compile-head")
@@ -200,6 +202,8 @@ def make_fast(model: nn.Module, args, sizes: list[int], device: torch.device, op
                   grad_dtype=E4M3 if "e4m3g" in options else E5M2, rowwise="fp8t" not in options,
                   fast_accum="fp32acc" not in options, fuse_cross="unfused" not in options,
                   absorb="noabsorb" not in options)
+        for cross in (m for m in model.modules() if isinstance(m, Fp8CrossNet)):
+            cross.wgrad_beside = "inline" not in options
     if compile_scope == "head" and hasattr(model, "head"):
         model.head = torch.compile(model.head, mode=args.compile_mode)  # instance attribute: forward finds it
     elif compile_scope:

@@ -83,8 +83,9 @@ def measure(step, batches, args, device: torch.device) -> dict:
 
 
 def write_profile(step, batches, path: str) -> dict:
-    """Per-kernel GPU time of three steps, as a table in `path`; returns the GPU time per step
-    (sum of kernel times) against the wall time per step of the same three steps (CUDA events)."""
+    """Per-kernel GPU time of three steps, as a table in `path` (their timeline beside it); returns the
+    GPU time per step (sum of kernel times) against the wall time per step of the same three steps (CUDA
+    events)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         start.record()
@@ -95,6 +96,7 @@ def write_profile(step, batches, path: str) -> dict:
     events = prof.key_averages()
     gpu_ms = sum(e.self_device_time_total for e in events) / 1000 / 3
     wall_ms = start.elapsed_time(end) / 3
+    prof.export_chrome_trace(path.removesuffix(".txt") + ".json.gz")  # the timeline: what overlaps what
     with open(path, "w") as f:
         f.write(f"GPU time (sum of kernels) {gpu_ms:.3f} ms/step; wall (events) {wall_ms:.3f} ms/step\n")
         f.write(events.table(sort_by="cuda_time_total", row_limit=60, max_name_column_width=70))

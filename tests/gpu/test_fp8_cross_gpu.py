@@ -163,3 +163,55 @@ def test_fused_cross_training_replays_in_a_cuda_graph_and_tracks_bf16():
     for p, q, r, s in zip(plain.parameters(), fused.parameters(), graphed.parameters(), start):
         assert rel_err(r, q) < 1e-5  # the graph replays the eager kernels
         assert rel_err(q - s, p - s) < 0.4  # Adam's first steps are ~sign(g): small gradients flip
+
+
+def test_kernels_read_and_write_x0_in_two_parts_as_one_tensor():
+    """DCNv2's x0 = [dense arch output, lookups] is handed over in two parts, never concatenated:
+    every kernel touching x0 gives the very values it gives on the concatenated tensor."""
+    x0, h, x, g = rows(1000, 3456, 50), rows(1000, 3456, 51), rows(1000, 3456, 52), rows(1000, 3456, 53)
+    parts = (x0[:, :128].contiguous(), x0[:, 128:].contiguous())
+    for got, want in zip(quantize(parts, E4M3), quantize(x0, E4M3)):
+        assert torch.equal(got.float(), want.float())
+    for inner_parts, inner in ((parts, x0), (x, x)):
+        for got, want in zip(cross_forward(parts, h, inner_parts, True), cross_forward(x0, h, inner, True)):
+            assert torch.equal(got.float(), want.float())
+    ds = [rows(1000, 3456, 60 + i) for i in range(2)]
+    for got, want in zip(cross_dh(g, ds, parts, E5M2), cross_dh(g, ds, x0, E5M2)):
+        assert torch.equal(got.float(), want.float())
+    hs = [rows(1000, 3456, 70 + i) for i in range(2)]
+    lead, rest = cross_dx0(g, ds, hs, lead=128)
+    assert lead.is_contiguous() and rest.is_contiguous()
+    assert torch.equal(torch.cat([lead, rest], dim=1), cross_dx0(g, ds, hs))
+
+
+def test_fused_cross_net_takes_x0_in_two_parts():
+    _, _, fused = cross_nets()
+    x0, grad = rows(4096, 864, 80, torch.float32), torch.randn(4096, 864, device=CUDA)
+    results = []
+    for split in (False, True):
+        net = copy.deepcopy(fused)
+        x = x0.clone().requires_grad_()
+        with torch.autocast("cuda", torch.bfloat16):
+            out = net(x[:, :96], x[:, 96:]) if split else net(x)
+        out.backward(grad.to(out.dtype))
+        results.append([out, x.grad, *(p.grad for p in net.parameters())])
+    for got, want in zip(*results):
+        # the first down layer's weight gradient comes from two bf16 products: cuBLAS may split their
+        # sums otherwise, and a few values round to the neighbouring bf16 (measured: 3.7e-5)
+        assert rel_err(got, want) < 1e-3
+
+
+@pytest.mark.parametrize("m,n,k,fmt,bias", [(65536, 3456, 512, E4M3, True), (1000, 3456, 512, E5M2, False),
+                                            (777, 864, 256, E4M3, True)])
+def test_short_product_kernel_matches_scaled_mm(m, n, k, fmt, bias):
+    from ctrflow.train.fp8_product import scaled_product, suits
+
+    aq, a_scale = quantize(rows(m, k, 90), fmt)
+    bq, b_scale = quantize(rows(n, k, 91), E4M3)
+    b = rows(8, n, 92)[0] if bias else None
+    assert suits(aq, bq, fast=True)
+    got = scaled_product(aq, a_scale, bq, b_scale, b)
+    want = torch._scaled_mm(aq, bq.t(), scale_a=a_scale, scale_b=b_scale.t(), bias=b, out_dtype=torch.bfloat16,
+                            use_fast_accum=True)
+    assert got.dtype == torch.bfloat16 and got.shape == (m, n)
+    assert rel_err(got, want) < 2e-3  # fp32 sums in another order, then one bf16 rounding

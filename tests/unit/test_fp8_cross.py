@@ -54,6 +54,19 @@ def test_fused_cross_layers_are_as_accurate_as_the_layers_own_fp8_formula(layers
         assert rel_err(a, c) < 1.15 * rel_err(b, c) + 0.01
 
 
+def test_x0_in_two_parts_gives_what_the_concatenated_x0_gives():
+    plain, fused = cross_pair(3)
+    x0, grad = torch.randn(64, 96), torch.randn(64, 96)
+    for net in (plain, fused):
+        whole = run(net, x0, grad)
+        net.zero_grad()
+        x = x0.clone().requires_grad_()
+        out = net(x[:, :16], x[:, 16:])  # DCNv2: the dense arch's output, then the lookups
+        out.backward(grad)
+        for a, b in zip([out, x.grad, *(p.grad for p in net.parameters())], [whole[0], whole[1], *whole[2]]):
+            assert rel_err(a, b) < 1e-6
+
+
 def test_x0_gradient_pass_sums_every_layers_terms():
     torch.manual_seed(1)
     g, ds, hs = torch.randn(8, 16), [torch.randn(8, 16) for _ in range(3)], [torch.randn(8, 16) for _ in range(3)]

@@ -35,5 +35,5 @@ class DCNv2(nn.Module):
         One function so that it can be compiled as one graph (the concatenation, cross layers and
         deep MLP fused together, their backward too), apart from the embeddings' own kernels."""
         bottom = self.dense_arch(dense)  # [B, D]
-        crossed = self.interaction(torch.cat([bottom, embedded.flatten(1)], dim=1))  # [B, 27 D]
+        crossed = self.interaction(bottom, embedded.flatten(1))  # x0 = [bottom, embedded]: [B, 27 D]
         return self.over_arch(crossed).squeeze(1)

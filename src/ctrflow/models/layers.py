@@ -71,7 +71,10 @@ class LowRankCrossNet(nn.Module):
         self.up = nn.ModuleList(nn.Linear(rank, in_features) for _ in range(num_layers))
         self.out_features = in_features
 
-    def forward(self, x0: torch.Tensor) -> torch.Tensor:
+    def forward(self, *parts: torch.Tensor) -> torch.Tensor:
+        """x0 [B, in_features], or its column blocks in order (concatenated here; a fused subclass may
+        read them in place instead)."""
+        x0 = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
         x = x0
         for down, up in zip(self.down, self.up):
             x = x0 * up(down(x)) + x

@@ -25,6 +25,11 @@ run at the device-copy rate; the cross net's forward + backward 9.10 ms against 
 one does not apply (inputs not 2-D, > 4 layers, rows wider than 8192). The kernels need CUDA and
 Triton; elsewhere (the CPU: `_scaled_mm` runs there too) the same algebra runs in torch (`*_reference`).
 The cross net runs eagerly between two compiled graphs (`torch.compiler.disable`: Triton launches).
+
+Session 8 (benchmarks/NOTES.md): x0 may come in two parts, DCNv2's dense-arch output and its lookups,
+which every kernel reads (and dx0's pass writes) in place: no concatenated copy (2 P, ~0.2 ms); the
+weight-gradient products run on a side stream beside the memory-bound row kernels; the K = 512 up
+products run in `fp8_product`'s kernel instead of cuBLAS's.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ import torch
 from torch import nn
 
 from ctrflow.models.layers import LowRankCrossNet
+from ctrflow.streams import beside, side_stream
+from ctrflow.train import fp8_product
 from ctrflow.train.fp8 import E4M3, Fp8Linear, quantize_rows
 
 try:  # the kernel compiler exists only where CUDA does
@@ -50,8 +57,21 @@ MAX_LAYERS, MAX_WIDTH = 4, 8192
 LAUNCH = {"tile": 4096, "warps": 8, "quantize_warps": 4, "dh_per_sm": 4, "dh_warps": 8}
 
 
-def _kernels(t: torch.Tensor) -> bool:
-    return t.is_cuda and K is not None and t.shape[-1] <= MAX_WIDTH
+def _parts(x0) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(first part, other part, LEAD) of x0: one [M, N] tensor (itself twice, LEAD 0), or a pair
+    (lead [M, LEAD], rest [M, N - LEAD]) read in place by the kernels (`fp8_kernels._x0_at`)."""
+    return (x0, x0, 0) if isinstance(x0, torch.Tensor) else (x0[0], x0[1], x0[0].shape[1])
+
+
+def _whole(x0) -> torch.Tensor:
+    """x0 as one tensor (the torch references: a concatenated copy)."""
+    return x0 if isinstance(x0, torch.Tensor) else torch.cat(x0, dim=1)
+
+
+def _kernels(t) -> bool:
+    """Whether the row kernels take t (a tensor, or x0 in two parts)."""
+    _, rest, lead = _parts(t)
+    return rest.is_cuda and K is not None and lead + rest.shape[-1] <= MAX_WIDTH
 
 
 def _shape(n: int) -> tuple[int, int, int]:
@@ -66,37 +86,43 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def quantize(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """`ctrflow.train.fp8.quantize_rows` of a 2-D tensor, in one kernel on CUDA; x may be strided (a
-    weight's `.t()`: read in place rather than copied contiguous first, 7 copies a step for DCNv2)."""
+def quantize(x, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """`ctrflow.train.fp8.quantize_rows` of a 2-D tensor (or x0 in two parts), in one kernel on CUDA;
+    x may be strided (a weight's `.t()`: read in place rather than copied contiguous first, 7 copies a
+    step for DCNv2)."""
     if not _kernels(x):
-        return quantize_rows(x, dtype)
-    (m, n), (block_n, rows, warps) = x.shape, _shape(x.shape[1])
-    q = torch.empty(m, n, dtype=dtype, device=x.device)
-    scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
-    K.quantize_rows_kernel[(triton.cdiv(m, rows),)](x, q, scale, m, n, x.stride(0), x.stride(1),
-                                                    TOP=torch.finfo(dtype).max, ROWS=rows, BLOCK_N=block_n,
-                                                    num_warps=min(warps, LAUNCH["quantize_warps"]))
+        return quantize_rows(_whole(x), dtype)
+    first, rest, lead = _parts(x)
+    m, n = rest.shape[0], lead + rest.shape[1]
+    block_n, rows, warps = _shape(n)
+    q = torch.empty(m, n, dtype=dtype, device=rest.device)
+    scale = torch.empty(m, 1, dtype=torch.float32, device=rest.device)
+    K.quantize_rows_kernel[(triton.cdiv(m, rows),)](first, rest, q, scale, m, n, first.stride(0), first.stride(1),
+                                                    TOP=torch.finfo(dtype).max, LEAD=lead, ROWS=rows,
+                                                    BLOCK_N=block_n, num_warps=min(warps, LAUNCH["quantize_warps"]))
     return q, scale
 
 
 def forward_reference(x0, h, x, quant: bool):
     """(y, e4m3 copy, row scales) — copy and scales None unless `quant` — as `cross_forward_kernel`."""
+    x0, x = _whole(x0), _whole(x)
     y = (x0.float() * h.float() + x.float()).to(BF16)
     return (y, *quantize_rows(y, E4M3)) if quant else (y, None, None)
 
 
-def cross_forward(x0: torch.Tensor, h: torch.Tensor, x: torch.Tensor, quant: bool):
-    """y = x0 * h + x [M, N] bf16 and (if `quant`) its e4m3 copy and row scales [M, 1], in one pass."""
+def cross_forward(x0, h: torch.Tensor, x, quant: bool):
+    """y = x0 * h + x [M, N] bf16 and (if `quant`) its e4m3 copy and row scales [M, 1], in one pass;
+    x0 one tensor or two parts (`_parts`), x a tensor or x0 itself."""
     if not _kernels(x0):
         return forward_reference(x0, h, x, quant)
-    (m, n), (block_n, rows, warps) = x0.shape, _shape(x0.shape[1])
-    y = torch.empty_like(x0)
-    q = torch.empty(m, n, dtype=E4M3, device=x0.device) if quant else y
-    scale = torch.empty(m, 1, dtype=torch.float32, device=x0.device) if quant else y
+    first, rest, lead = _parts(x0)
+    (m, n), (block_n, rows, warps) = h.shape, _shape(h.shape[1])
+    y = torch.empty_like(h)
+    q = torch.empty(m, n, dtype=E4M3, device=h.device) if quant else y
+    scale = torch.empty(m, 1, dtype=torch.float32, device=h.device) if quant else y
     K.cross_forward_kernel[(triton.cdiv(m, rows),)](
-        x0, h, x, y, q, scale, m, n, TOP=torch.finfo(E4M3).max, X_IS_X0=x is x0, QUANT=quant, ROWS=rows,
-        BLOCK_N=block_n, num_warps=warps)
+        first, rest, h, rest if x is x0 else x, y, q, scale, m, n, TOP=torch.finfo(E4M3).max, LEAD=lead,
+        X_IS_X0=x is x0, QUANT=quant, ROWS=rows, BLOCK_N=block_n, num_warps=warps)
     return (y, q, scale) if quant else (y, None, None)
 
 
@@ -105,25 +131,27 @@ def dh_reference(g, ds, x0, dtype):
     g = g.float()
     for d in ds:
         g = (g + d.float()).to(BF16).float()
-    dh = (g * x0.float()).to(BF16)
+    dh = (g * _whole(x0).float()).to(BF16)
     return (dh, *quantize_rows(dh, dtype), dh.float().sum(0))
 
 
-def cross_dh(g: torch.Tensor, ds: list[torch.Tensor], x0: torch.Tensor, dtype: torch.dtype):
+def cross_dh(g: torch.Tensor, ds: list[torch.Tensor], x0, dtype: torch.dtype):
     """dh = (g + ds[0] + ds[1] + ...) * x0 [M, N] bf16, its `dtype` copy with row scales, and its
-    column sums (the bias gradient, fp32 [N]) in one pass; at most 3 `ds`."""
+    column sums (the bias gradient, fp32 [N]) in one pass; at most 3 `ds`; x0 as in `cross_forward`."""
     if not _kernels(x0):
         return dh_reference(g, ds, x0, dtype)
-    (m, n), (block_n, rows, _) = x0.shape, _shape(x0.shape[1])
-    dh = torch.empty_like(x0)
-    q = torch.empty(m, n, dtype=dtype, device=x0.device)
-    scale = torch.empty(m, 1, dtype=torch.float32, device=x0.device)
-    programs = min(triton.cdiv(m, rows), _sm_count(x0.device.index or 0) * LAUNCH["dh_per_sm"])
-    parts = torch.empty(programs, n, dtype=torch.float32, device=x0.device)  # every row written
+    first, rest, lead = _parts(x0)
+    (m, n), (block_n, rows, _) = g.shape, _shape(g.shape[1])
+    dh = torch.empty_like(g)
+    q = torch.empty(m, n, dtype=dtype, device=g.device)
+    scale = torch.empty(m, 1, dtype=torch.float32, device=g.device)
+    programs = min(triton.cdiv(m, rows), _sm_count(g.device.index or 0) * LAUNCH["dh_per_sm"])
+    parts = torch.empty(programs, n, dtype=torch.float32, device=g.device)  # every row written
     d = [*ds, g, g, g][:3]
     iters = triton.cdiv(triton.cdiv(m, rows), programs)
-    K.cross_dh_kernel[(programs,)](g, *d, x0, dh, q, scale, parts, m, n, programs, iters, TOP=torch.finfo(dtype).max,
-                                   ND=len(ds), ROWS=rows, BLOCK_N=block_n, num_warps=LAUNCH["dh_warps"])
+    K.cross_dh_kernel[(programs,)](g, *d, first, rest, dh, q, scale, parts, m, n, programs, iters,
+                                   TOP=torch.finfo(dtype).max, LEAD=lead, ND=len(ds), ROWS=rows, BLOCK_N=block_n,
+                                   num_warps=LAUNCH["dh_warps"])
     return dh, q, scale, parts.sum(0)
 
 
@@ -136,74 +164,95 @@ def dx0_reference(g, ds, hs):
     return (acc + g).to(BF16)
 
 
-def cross_dx0(g: torch.Tensor, ds: list[torch.Tensor], hs: list[torch.Tensor]) -> torch.Tensor:
-    """x0's whole gradient [M, N] bf16 from G_L and every layer's D and h, top down, in one pass."""
+def cross_dx0(g: torch.Tensor, ds: list[torch.Tensor], hs: list[torch.Tensor], lead: int = 0):
+    """x0's whole gradient [M, N] bf16 from G_L and every layer's D and h, top down, in one pass; with
+    `lead`, in two parts as x0 came (`_parts`): [M, lead] and [M, N - lead]."""
     if not _kernels(g):
-        return dx0_reference(g, ds, hs)
+        dx0 = dx0_reference(g, ds, hs)
+        return dx0.split([lead, g.shape[1] - lead], dim=1) if lead else dx0
     (m, n), (block_n, rows, warps) = g.shape, _shape(g.shape[1])
-    out = torch.empty_like(g)
+    out = torch.empty(m, lead or n, dtype=BF16, device=g.device)
+    rest = torch.empty(m, n - lead, dtype=BF16, device=g.device) if lead else out
     pad = [g] * (MAX_LAYERS - len(ds))
-    K.cross_dx0_kernel[(triton.cdiv(m, rows),)](g, *ds, *pad, *hs, *pad, out, m, n, L=len(ds), ROWS=rows,
-                                                BLOCK_N=block_n, num_warps=warps)
-    return out
+    K.cross_dx0_kernel[(triton.cdiv(m, rows),)](g, *ds, *pad, *hs, *pad, out, rest, m, n, LEAD=lead, L=len(ds),
+                                                ROWS=rows, BLOCK_N=block_n, num_warps=warps)
+    return (out, rest) if lead else out
 
 
 def _product(aq, a_scale, b_rows, fast: bool, bias=None) -> torch.Tensor:
     """a @ b_rows^T [M, N] bf16 from a's fp8 copy and row scales; b_rows [N, K] quantized here (e4m3)."""
     bq, b_scale = quantize(b_rows, E4M3)
+    if fp8_product.suits(aq, bq, fast) and a_scale.is_contiguous():  # K <= 512: the rank-r up products
+        return fp8_product.scaled_product(aq, a_scale, bq, b_scale, None if bias is None else bias.to(BF16))
     # bq.t(): [K, N] column-major, the layout _scaled_mm wants for B; its row scales -> [1, N]
     return torch._scaled_mm(aq, bq.t(), scale_a=a_scale, scale_b=b_scale.t(),
                             bias=None if bias is None else bias.to(BF16), out_dtype=BF16, use_fast_accum=fast)
 
 
 class _Fp8Cross(torch.autograd.Function):
-    """x_L from x0 [M, N] and the layers' V_l [r, N], U_l [N, r], b_l [N]; with `absorbs`, the next
-    Linear's output x_L W^T + c from its W [K, N], c [K] too (module doc)."""
+    """x_L from x0 [M, N] (or its parts lead [M, k], rest [M, N - k]; lead None: rest is x0) and the
+    layers' V_l [r, N], U_l [N, r], b_l [N]; with `absorbs`, the next Linear's output x_L W^T + c from
+    its W [K, N], c [K] too (module doc)."""
 
     @staticmethod
-    def forward(ctx, x0, options, *params):
-        grad_dtype, fast, absorbs = options  # constants
+    def forward(ctx, lead, rest, options, *params):
+        grad_dtype, fast, absorbs, _ = options  # constants
         layers = (len(params) - 2 * absorbs) // 3
         downs, ups, biases = params[:layers], params[layers:2 * layers], params[2 * layers:3 * layers]
-        ctx.x0_dtype = x0.dtype
-        x0 = x0.to(BF16).contiguous()
+        ctx.x0_dtypes = [None if t is None else t.dtype for t in (lead, rest)]
+        x0s = [t.to(BF16).contiguous() for t in (lead, rest) if t is not None]
+        x0 = x0s[0] if lead is None else tuple(x0s)
         xq, x_scale = quantize(x0, E4M3)
         x, saved = x0, []
         for i, (down, up, bias) in enumerate(zip(downs, ups, biases)):
             z = _product(xq, x_scale, down, fast)  # [M, r]
             h = _product(*quantize(z, E4M3), up, fast, bias)  # [M, N]
             y, xq, x_scale = cross_forward(x0, h, x, quant=absorbs or i < layers - 1)
-            saved += [x, z, h]
+            saved += [None if x is x0 else x, z, h]  # the first layer's x is x0, saved apart
             x = y
         ctx.layers, ctx.options = layers, options
         if absorbs:  # the next Linear from x_L's e4m3 copy, made in the last pass above
             weight, bias = params[3 * layers:]
-            ctx.save_for_backward(x0, *downs, *ups, *saved, x, weight)
+            ctx.save_for_backward(*x0s, *downs, *ups, *saved, x, weight)
             return _product(xq, x_scale, weight, fast, bias)  # [M, K]
-        ctx.save_for_backward(x0, *downs, *ups, *saved)
+        ctx.save_for_backward(*x0s, *downs, *ups, *saved)
         return x
 
     @staticmethod
     def backward(ctx, grad):
-        grad_dtype, fast, absorbs = ctx.options
+        grad_dtype, fast, absorbs, use_side = ctx.options
         layers = ctx.layers
-        x0, *rest = ctx.saved_tensors
+        parts = 2 if ctx.x0_dtypes[0] is not None else 1
+        x0, rest = ctx.saved_tensors[:parts], ctx.saved_tensors[parts:]
+        x0 = x0[0] if parts == 1 else x0
         downs, ups, saved = rest[:layers], rest[layers:2 * layers], rest[2 * layers:5 * layers]
         d_down, d_up, d_bias, ds, d_next = [None] * layers, [None] * layers, [None] * layers, [], ()
         g = grad.to(BF16).contiguous()  # G_L = dL/dx_L, or the next Linear's output gradient [M, K]
+        side = side_stream(g.device, "fp8_cross") if use_side else None
         if absorbs:  # as Fp8Linear's backward
             x_last, weight = rest[5 * layers:]
-            d_next = ((g.t() @ x_last).float(), g.sum(0, dtype=torch.float32))
+            with beside(side, g, x_last):
+                d_next = ((g.t() @ x_last).float(), g.sum(0, dtype=torch.float32))
             g = _product(*quantize(g, grad_dtype), weight.t(), fast)  # G_L [M, N]
         for i in reversed(range(layers)):
             x, z, _ = saved[3 * i:3 * i + 3]
             dh, dh_q, dh_scale, d_bias[i] = cross_dh(g, ds, x0, grad_dtype)
             dz = _product(dh_q, dh_scale, ups[i].t(), fast)  # dh U: [M, r]
-            d_up[i] = (dh.t() @ z).float()  # bf16 tensor cores, as Fp8Linear's dW
+            with beside(side, dh, z):  # compute-bound, beside the memory-bound row kernels
+                d_up[i] = (dh.t() @ z).float()  # bf16 tensor cores, as Fp8Linear's dW
             ds.append(_product(*quantize(dz, grad_dtype), downs[i].t(), fast))  # D_i = dz V
-            d_down[i] = (dz.t() @ x).float()
-        dx0 = cross_dx0(g, ds, [saved[3 * i + 2] for i in reversed(range(layers))])
-        return (dx0.to(ctx.x0_dtype), None, *d_down, *d_up, *d_bias, *d_next)
+            xs = [x] if x is not None else list(_parts(x0)[:parts])  # the first layer's: x0's parts
+            with beside(side, dz, *xs):
+                d_down[i] = torch.cat([(dz.t() @ t).float() for t in xs], dim=1) if parts > 1 and x is None \
+                    else (dz.t() @ xs[0]).float()
+        dx0 = cross_dx0(g, ds, [saved[3 * i + 2] for i in reversed(range(layers))], _parts(x0)[2])
+        if side is not None:  # made on the side stream, read by autograd and the optimizer on this one
+            torch.cuda.current_stream().wait_stream(side)
+            for t in (*d_down, *d_up, *d_next):
+                t.record_stream(torch.cuda.current_stream())
+        dx0 = [dx0] if parts == 1 else dx0
+        d_lead, d_rest = [None] * (2 - parts) + [d.to(dtype) for d, dtype in zip(dx0, ctx.x0_dtypes[2 - parts:])]
+        return (d_lead, d_rest, None, *d_down, *d_up, *d_bias, *d_next)
 
 
 class AbsorbedFp8Linear(Fp8Linear):
@@ -222,6 +271,7 @@ class Fp8CrossNet(LowRankCrossNet):
     Linear layer too."""
 
     absorbed: tuple = ()  # (AbsorbedFp8Linear,) once `absorb` took one: a reference, not a submodule
+    wgrad_beside = True  # the weight gradients' products on a side stream on CUDA (`_Fp8Cross.backward`)
 
     @classmethod
     def from_cross(cls, cross: LowRankCrossNet) -> "Fp8CrossNet":
@@ -260,13 +310,16 @@ class Fp8CrossNet(LowRankCrossNet):
         return absorbed
 
     @torch.compiler.disable  # Triton launches stay out of an enclosing compiled graph (a graph break)
-    def forward(self, x0: torch.Tensor) -> torch.Tensor:
-        if x0.dim() != 2 or x0.shape[0] == 0 or not self.suits(self):
-            out = super().forward(x0)
+    def forward(self, *parts: torch.Tensor) -> torch.Tensor:
+        """As `LowRankCrossNet.forward`; two parts are read in place, not concatenated."""
+        if len(parts) > 2 or any(p.dim() != 2 for p in parts) or parts[0].shape[0] == 0 or not self.suits(self):
+            out = super().forward(*parts)
             return Fp8Linear.forward(self.absorbed[0], out) if self.absorbed else out
+        lead, rest = (None, *parts) if len(parts) == 1 else parts
         extra = (self.absorbed[0].weight, self.absorbed[0].bias) if self.absorbed else ()
-        with torch.autocast(x0.device.type, enabled=False):
-            out = _Fp8Cross.apply(x0, (*self.options(), bool(self.absorbed)), *(m.weight for m in self.down),
-                                  *(m.weight for m in self.up), *(m.bias for m in self.up), *extra)
+        with torch.autocast(rest.device.type, enabled=False):
+            out = _Fp8Cross.apply(lead, rest, (*self.options(), bool(self.absorbed), self.wgrad_beside),
+                                  *(m.weight for m in self.down), *(m.weight for m in self.up),
+                                  *(m.bias for m in self.up), *extra)
         # as Fp8Linear: bf16 under autocast, the input's dtype without it
-        return out if torch.is_autocast_enabled(x0.device.type) else out.to(x0.dtype)
+        return out if torch.is_autocast_enabled(rest.device.type) else out.to(rest.dtype)

@@ -29,6 +29,39 @@ def _load(ptr, offs, mask):
 
 
 @triton.jit
+def _x0_at(rows, M, N, LEAD: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Where x0's block of `rows` lies: (offsets into the first part, its mask, offsets into the rest,
+    its mask). x0 [M, N] is one tensor (LEAD 0: the first part is all of it), or two: its first LEAD
+    columns [M, LEAD] and the others [M, N - LEAD] (DCNv2: the dense arch's output and the lookups,
+    never concatenated into a copy)."""
+    r = rows[:, None].to(tl.int64)
+    c = tl.arange(0, BLOCK_N)[None, :]
+    ok = r < M
+    if LEAD == 0:
+        return r * N + c, ok & (c < N), r * N + c, ok & (c < 0)
+    return r * LEAD + c, ok & (c < LEAD), r * (N - LEAD) + (c - LEAD), ok & (c >= LEAD) & (c < N)
+
+
+@triton.jit
+def _load_x0(x0_ptr, rest_ptr, rows, M, N, LEAD: tl.constexpr, BLOCK_N: tl.constexpr):
+    """x0's rows [ROWS, BLOCK_N] in fp32 (masked lanes 0), from its one or two parts (`_x0_at`)."""
+    at, mask, rest_at, rest_mask = _x0_at(rows, M, N, LEAD, BLOCK_N)
+    x0 = _load(x0_ptr, at, mask)
+    if LEAD > 0:
+        x0 += _load(rest_ptr, rest_at, rest_mask)
+    return x0
+
+
+@triton.jit
+def _store_x0(v, x0_ptr, rest_ptr, rows, M, N, LEAD: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Store rows v [ROWS, BLOCK_N] into x0's one or two parts (`_x0_at`)."""
+    at, mask, rest_at, rest_mask = _x0_at(rows, M, N, LEAD, BLOCK_N)
+    tl.store(x0_ptr + at, v, mask=mask)
+    if LEAD > 0:
+        tl.store(rest_ptr + rest_at, v, mask=rest_mask)
+
+
+@triton.jit
 def _bf16(v):
     """v rounded to bf16, back in fp32 (what a bf16 tensor op would have stored)."""
     return v.to(tl.bfloat16).to(tl.float32)
@@ -49,21 +82,27 @@ def _quantize_store(v, q_ptr, s_ptr, rows, offs, mask, M, TOP: tl.constexpr):
 
 
 @triton.jit
-def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, M, N, stride_m, stride_n, TOP: tl.constexpr, ROWS: tl.constexpr,
-                         BLOCK_N: tl.constexpr):
-    """q, s = rows of x [M, N] (strides stride_m, stride_n: e.g. a weight's transpose, read in place)
-    in fp8 with one scale per row; q contiguous."""
+def quantize_rows_kernel(x_ptr, rest_ptr, q_ptr, s_ptr, M, N, stride_m, stride_n, TOP: tl.constexpr,
+                         LEAD: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """q, s = rows of x [M, N] (strides stride_m, stride_n: e.g. a weight's transpose, read in place;
+    with LEAD, x is x0 in two contiguous parts as `_x0_at` says) in fp8 with one scale per row; q
+    contiguous."""
     rows, offs, mask = _offsets(tl.program_id(0), M, N, ROWS, BLOCK_N)
-    at = rows[:, None].to(tl.int64) * stride_m + tl.arange(0, BLOCK_N)[None, :].to(tl.int64) * stride_n
-    _quantize_store(_load(x_ptr, at, mask), q_ptr, s_ptr, rows, offs, mask, M, TOP)
+    if LEAD > 0:
+        x = _load_x0(x_ptr, rest_ptr, rows, M, N, LEAD, BLOCK_N)
+    else:
+        at = rows[:, None].to(tl.int64) * stride_m + tl.arange(0, BLOCK_N)[None, :].to(tl.int64) * stride_n
+        x = _load(x_ptr, at, mask)
+    _quantize_store(x, q_ptr, s_ptr, rows, offs, mask, M, TOP)
 
 
 @triton.jit
-def cross_forward_kernel(x0_ptr, h_ptr, x_ptr, y_ptr, q_ptr, s_ptr, M, N, TOP: tl.constexpr,
-                         X_IS_X0: tl.constexpr, QUANT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+def cross_forward_kernel(x0_ptr, rest_ptr, h_ptr, x_ptr, y_ptr, q_ptr, s_ptr, M, N, TOP: tl.constexpr,
+                         LEAD: tl.constexpr, X_IS_X0: tl.constexpr, QUANT: tl.constexpr, ROWS: tl.constexpr,
+                         BLOCK_N: tl.constexpr):
     """y = x0 * h + x (bf16), and (QUANT) its e4m3 copy with row scales."""
     rows, offs, mask = _offsets(tl.program_id(0), M, N, ROWS, BLOCK_N)
-    x0 = _load(x0_ptr, offs, mask)
+    x0 = _load_x0(x0_ptr, rest_ptr, rows, M, N, LEAD, BLOCK_N)
     if X_IS_X0:
         x = x0
     else:
@@ -75,8 +114,9 @@ def cross_forward_kernel(x0_ptr, h_ptr, x_ptr, y_ptr, q_ptr, s_ptr, M, N, TOP: t
 
 
 @triton.jit
-def cross_dh_kernel(g_ptr, d0_ptr, d1_ptr, d2_ptr, x0_ptr, dh_ptr, q_ptr, s_ptr, parts_ptr, M, N, programs, iters,
-                    TOP: tl.constexpr, ND: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+def cross_dh_kernel(g_ptr, d0_ptr, d1_ptr, d2_ptr, x0_ptr, rest_ptr, dh_ptr, q_ptr, s_ptr, parts_ptr, M, N, programs,
+                    iters, TOP: tl.constexpr, LEAD: tl.constexpr, ND: tl.constexpr, ROWS: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
     """G = ((g + d0) + d1) + d2 (the first ND; rounded after each sum), dh = G * x0 (bf16), its fp8
     copy with row scales, and this program's column sums of dh in parts[pid] (`programs` persistent
     programs stride over the row blocks, `iters` blocks each: one partial row per program, not per block)."""
@@ -91,7 +131,7 @@ def cross_dh_kernel(g_ptr, d0_ptr, d1_ptr, d2_ptr, x0_ptr, dh_ptr, q_ptr, s_ptr,
             g = _bf16(g + _load(d1_ptr, offs, mask))
         if ND > 2:
             g = _bf16(g + _load(d2_ptr, offs, mask))
-        dh = (g * _load(x0_ptr, offs, mask)).to(tl.bfloat16)
+        dh = (g * _load_x0(x0_ptr, rest_ptr, rows, M, N, LEAD, BLOCK_N)).to(tl.bfloat16)
         tl.store(dh_ptr + offs, dh, mask=mask)
         dh = dh.to(tl.float32)
         colsum += tl.sum(dh, axis=0)
@@ -108,10 +148,11 @@ def _take(acc, g, d_ptr, h_ptr, offs, mask):
 
 
 @triton.jit
-def cross_dx0_kernel(g_ptr, d0_ptr, d1_ptr, d2_ptr, d3_ptr, h0_ptr, h1_ptr, h2_ptr, h3_ptr, out_ptr, M, N,
-                     L: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
-    """dx0 = sum_l G_{l+1} * h_l + G_0 with G_l = G_{l+1} + D_l, layers top down (d0/h0 the top)."""
-    _, offs, mask = _offsets(tl.program_id(0), M, N, ROWS, BLOCK_N)
+def cross_dx0_kernel(g_ptr, d0_ptr, d1_ptr, d2_ptr, d3_ptr, h0_ptr, h1_ptr, h2_ptr, h3_ptr, out_ptr, rest_ptr, M, N,
+                     LEAD: tl.constexpr, L: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dx0 = sum_l G_{l+1} * h_l + G_0 with G_l = G_{l+1} + D_l, layers top down (d0/h0 the top), into
+    x0's one or two parts."""
+    rows, offs, mask = _offsets(tl.program_id(0), M, N, ROWS, BLOCK_N)
     g = _load(g_ptr, offs, mask)
     acc, g = _take(tl.zeros_like(g), g, d0_ptr, h0_ptr, offs, mask)
     if L > 1:
@@ -120,4 +161,4 @@ def cross_dx0_kernel(g_ptr, d0_ptr, d1_ptr, d2_ptr, d3_ptr, h0_ptr, h1_ptr, h2_p
         acc, g = _take(acc, g, d2_ptr, h2_ptr, offs, mask)
     if L > 3:
         acc, g = _take(acc, g, d3_ptr, h3_ptr, offs, mask)
-    tl.store(out_ptr + offs, (acc + g).to(tl.bfloat16), mask=mask)
+    _store_x0((acc + g).to(tl.bfloat16), out_ptr, rest_ptr, rows, M, N, LEAD, BLOCK_N)

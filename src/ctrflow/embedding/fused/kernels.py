@@ -104,7 +104,6 @@ def apply_update_kernel(unique_rows_ptr, count_ptr, acc_ptr, weight_ptr, state1_
     rows = tl.load(unique_rows_ptr + slots, mask=ok, other=0)
     acc_at = acc_ptr + slots[:, None] * D + cols[None, :]
     grad = tl.load(acc_at, mask=mask, other=0.0)
-    tl.store(acc_at, tl.zeros([BLOCK_U, BLOCK_D], dtype=tl.float32), mask=mask)
     w_at = weight_ptr + rows[:, None] * D + cols[None, :]
     w = tl.load(w_at, mask=mask, other=0.0).to(tl.float32)
     lr = tl.load(hyper_ptr)
@@ -128,3 +127,8 @@ def apply_update_kernel(unique_rows_ptr, count_ptr, acc_ptr, weight_ptr, state1_
         correction2 = 1.0 - tl.exp(step * tl.log(beta2))
         w = w - (lr * tl.sqrt(correction2) / correction1) * m / (tl.sqrt(v) + eps)
     tl.store(w_at, w.to(weight_ptr.dtype.element_ty), mask=mask)
+    # The sums' load may be laid out over the threads as the weight rows are (16-bit rows: another
+    # layout than the zeros'), so a thread could zero an element that another has not loaded yet: a
+    # lost update. The barrier orders every load of the tile before any zero.
+    tl.debug_barrier()
+    tl.store(acc_at, tl.zeros([BLOCK_U, BLOCK_D], dtype=tl.float32), mask=mask)

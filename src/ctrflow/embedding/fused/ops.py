@@ -125,10 +125,8 @@ def _update_rows_triton(rows: torch.Tensor, features: int, grad3: torch.Tensor, 
         PRE_REDUCE=pre_reduce, GRAD_IS_BF16=grad3.dtype == torch.bfloat16, DIRECT_SGD=direct, num_warps=4)
     if direct:
         return
-    # bf16/fp16 weights: one row per program (16-row tiles lost updates on the GPU; NOTES.md)
-    block_u = 16 if weight.dtype == torch.float32 else 1
-    # no tile element held by two warps: where a tile is copied over several warps, one copy could read
-    # a sum row after another copy had zeroed it (fp16 rows of 24 held an inf after 3 steps at 4 warps)
+    block_u = 16
+    # no tile element held by two warps (a tile smaller than the warps is copied over them)
     warps = max(1, min(4, block_u * block_d // 128))
     kernels.apply_update_kernel[(triton.cdiv(n_items, block_u),)](
         unique_rows, count, acc, weight, state.state1, state.state2, state.hyper, state.eps, state.beta1,

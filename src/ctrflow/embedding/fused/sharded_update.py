@@ -19,6 +19,7 @@ from ctrflow.embedding.comm import exchange_async
 from ctrflow.embedding.fused import ops
 from ctrflow.embedding.fused.replicas import apply_replicated, needs_counts, replicated_grad
 from ctrflow.embedding.fused.routing import finish_route, pack_index
+from ctrflow.streams import beside, side_stream
 
 
 class DeferredUpdate:
@@ -33,29 +34,21 @@ class DeferredUpdate:
         if not (self.beside and not self.update_in_backward and self.world_size > 1
                 and self.local_device().type == "cuda"):
             return None
-        if "side" not in self.cache:
-            self.cache["side"] = torch.cuda.Stream(self.local_device())
-        return self.cache["side"]
+        return side_stream(self.local_device(), "sharded_tables")
 
     @contextmanager
     def _beside(self, *inputs: torch.Tensor):
-        """Run the block on `_side()` (after what the current stream queued so far); `inputs`, made on
-        the current stream, are not reused before the side stream has read them. `flush()` joins."""
+        """`ctrflow.streams.beside` on `_side()`; `flush()` joins."""
         side = self._side()
-        if side is None:
-            yield
-            return
-        side.wait_stream(torch.cuda.current_stream())
-        for t in inputs:
-            t.record_stream(side)
-        self.cache["side_used"] = True
-        with torch.cuda.stream(side):
+        if side is not None:
+            self.cache["side_used"] = True
+        with beside(side, *inputs):
             yield
 
     def _join_side(self) -> None:
         """The current stream waits for the side stream's work (a CUDA graph needs it joined)."""
         if self.cache.pop("side_used", False):
-            torch.cuda.current_stream().wait_stream(self.cache["side"])
+            torch.cuda.current_stream().wait_stream(self._side())
 
     def start_backward(self, grad: torch.Tensor, saved: tuple) -> None:
         """Send the gradients to the shard owners (into the step's one receive buffer) and sum the
