@@ -12,6 +12,7 @@ from ctrflow.models.layers import LowRankCrossNet
 from ctrflow.train.fp8 import E4M3, E5M2, apply_fp8, quantize_rows
 from ctrflow.train.fp8_cross import (Fp8CrossNet, cross_dh, cross_dx0, cross_forward, dh_reference,
                                      dx0_reference, forward_reference, quantize)
+from ctrflow.train.fp8_product import scaled_product, suits
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
@@ -204,8 +205,6 @@ def test_fused_cross_net_takes_x0_in_two_parts():
 @pytest.mark.parametrize("m,n,k,fmt,bias", [(65536, 3456, 512, E4M3, True), (1000, 3456, 512, E5M2, False),
                                             (777, 864, 256, E4M3, True)])
 def test_short_product_kernel_matches_scaled_mm(m, n, k, fmt, bias):
-    from ctrflow.train.fp8_product import scaled_product, suits
-
     aq, a_scale = quantize(rows(m, k, 90), fmt)
     bq, b_scale = quantize(rows(n, k, 91), E4M3)
     b = rows(8, n, 92)[0] if bias else None
