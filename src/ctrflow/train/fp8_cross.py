@@ -34,8 +34,6 @@ products run in `fp8_product`'s kernel instead of cuBLAS's.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import nn
 
@@ -79,11 +77,6 @@ def _shape(n: int) -> tuple[int, int, int]:
     block_n = triton.next_power_of_2(n)
     rows = max(1, LAUNCH["tile"] // block_n)
     return block_n, rows, LAUNCH["warps"] if rows * block_n >= 2048 else 4
-
-
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def quantize(x, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,7 +138,7 @@ def cross_dh(g: torch.Tensor, ds: list[torch.Tensor], x0, dtype: torch.dtype):
     dh = torch.empty_like(g)
     q = torch.empty(m, n, dtype=dtype, device=g.device)
     scale = torch.empty(m, 1, dtype=torch.float32, device=g.device)
-    programs = min(triton.cdiv(m, rows), _sm_count(g.device.index or 0) * LAUNCH["dh_per_sm"])
+    programs = min(triton.cdiv(m, rows), fp8_product.sm_count(g.device.index or 0) * LAUNCH["dh_per_sm"])
     parts = torch.empty(programs, n, dtype=torch.float32, device=g.device)  # every row written
     d = [*ds, g, g, g][:3]
     iters = triton.cdiv(triton.cdiv(m, rows), programs)

@@ -73,7 +73,8 @@ if triton is not None:
 
 
 @functools.cache
-def _sm_count(index: int) -> int:
+def sm_count(index: int) -> int:
+    """Multiprocessors of CUDA device `index` (persistent grids size themselves by it)."""
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
@@ -85,7 +86,7 @@ def scaled_product(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_sc
     (m, k), n, t = a.shape, b.shape[0], TILE
     out = torch.empty(m, n, dtype=torch.bfloat16, device=a.device)
     tiles = triton.cdiv(m, t["m"]) * triton.cdiv(n, t["n"])
-    programs = max(1, min(tiles, _sm_count(a.device.index or 0) * t["per_sm"]))
+    programs = max(1, min(tiles, sm_count(a.device.index or 0) * t["per_sm"]))
     scaled_product_kernel[(programs,)](
         TensorDescriptor.from_tensor(a, [t["m"], t["k"]]), TensorDescriptor.from_tensor(b, [t["n"], t["k"]]),
         TensorDescriptor.from_tensor(out, [t["m"], t["n"] // 2]), a_scale, b_scale,
