@@ -175,7 +175,7 @@ def cross_dx0(g: torch.Tensor, ds: list[torch.Tensor], hs: list[torch.Tensor], l
 def _product(aq, a_scale, b_rows, fast: bool, bias=None) -> torch.Tensor:
     """a @ b_rows^T [M, N] bf16 from a's fp8 copy and row scales; b_rows [N, K] quantized here (e4m3)."""
     bq, b_scale = quantize(b_rows, E4M3)
-    if fp8_product.suits(aq, bq, fast) and a_scale.is_contiguous():  # K <= 512: the rank-r up products
+    if fp8_product.suits(aq, bq, fast):  # K <= 512: the rank-r up products
         return fp8_product.scaled_product(aq, a_scale, bq, b_scale, None if bias is None else bias.to(BF16))
     # bq.t(): [K, N] column-major, the layout _scaled_mm wants for B; its row scales -> [1, N]
     return torch._scaled_mm(aq, bq.t(), scale_a=a_scale, scale_b=b_scale.t(),
@@ -216,8 +216,8 @@ class _Fp8Cross(torch.autograd.Function):
         grad_dtype, fast, absorbs, use_side = ctx.options
         layers = ctx.layers
         parts = 2 if ctx.x0_dtypes[0] is not None else 1
-        x0, rest = ctx.saved_tensors[:parts], ctx.saved_tensors[parts:]
-        x0 = x0[0] if parts == 1 else x0
+        x0s, rest = ctx.saved_tensors[:parts], ctx.saved_tensors[parts:]
+        x0 = x0s[0] if parts == 1 else x0s
         downs, ups, saved = rest[:layers], rest[layers:2 * layers], rest[2 * layers:5 * layers]
         d_down, d_up, d_bias, ds, d_next = [None] * layers, [None] * layers, [None] * layers, [], ()
         g = grad.to(BF16).contiguous()  # G_L = dL/dx_L, or the next Linear's output gradient [M, K]
@@ -234,9 +234,9 @@ class _Fp8Cross(torch.autograd.Function):
             with beside(side, dh, z):  # compute-bound, beside the memory-bound row kernels
                 d_up[i] = (dh.t() @ z).float()  # bf16 tensor cores, as Fp8Linear's dW
             ds.append(_product(*quantize(dz, grad_dtype), downs[i].t(), fast))  # D_i = dz V
-            xs = [x] if x is not None else list(_parts(x0)[:parts])  # the first layer's: x0's parts
+            xs = [x] if x is not None else x0s  # the first layer's x is x0: its parts
             with beside(side, dz, *xs):
-                d_down[i] = torch.cat([(dz.t() @ t).float() for t in xs], dim=1) if parts > 1 and x is None \
+                d_down[i] = torch.cat([(dz.t() @ t).float() for t in xs], dim=1) if len(xs) > 1 \
                     else (dz.t() @ xs[0]).float()
         dx0 = cross_dx0(g, ds, [saved[3 * i + 2] for i in reversed(range(layers))], _parts(x0)[2])
         if side is not None:  # made on the side stream, read by autograd and the optimizer on this one

@@ -89,7 +89,7 @@ def scaled_product(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_sc
     programs = max(1, min(tiles, sm_count(a.device.index or 0) * t["per_sm"]))
     scaled_product_kernel[(programs,)](
         TensorDescriptor.from_tensor(a, [t["m"], t["k"]]), TensorDescriptor.from_tensor(b, [t["n"], t["k"]]),
-        TensorDescriptor.from_tensor(out, [t["m"], t["n"] // 2]), a_scale, b_scale,
-        a_scale if bias is None else bias, m, n, k, PROGRAMS=programs, BM=t["m"], BN=t["n"], BK=t["k"],
+        TensorDescriptor.from_tensor(out, [t["m"], t["n"] // 2]), a_scale.contiguous(), b_scale.contiguous(),
+        b_scale if bias is None else bias, m, n, k, PROGRAMS=programs, BM=t["m"], BN=t["n"], BK=t["k"],
         GROUP=t["group"], HAS_BIAS=bias is not None, num_stages=t["stages"], num_warps=t["warps"])
     return out
