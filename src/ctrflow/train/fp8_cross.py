@@ -29,7 +29,8 @@ The cross net runs eagerly between two compiled graphs (`torch.compiler.disable`
 Session 8 (benchmarks/NOTES.md): x0 may come in two parts, DCNv2's dense-arch output and its lookups,
 which every kernel reads (and dx0's pass writes) in place: no concatenated copy (2 P, ~0.2 ms); the
 weight-gradient products run on a side stream beside the memory-bound row kernels; the K = 512 up
-products run in `fp8_product`'s kernel instead of cuBLAS's.
+products run in `fp8_product`'s kernel instead of cuBLAS's. Session 9: the weight-gradient products
+write fp32 (`weight_grad`: not rounded to bf16, no cast kernel after).
 """
 
 from __future__ import annotations
@@ -77,6 +78,23 @@ def _shape(n: int) -> tuple[int, int, int]:
     block_n = triton.next_power_of_2(n)
     rows = max(1, LAUNCH["tile"] // block_n)
     return block_n, rows, LAUNCH["warps"] if rows * block_n >= 2048 else 4
+
+
+def weight_grad(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a^T b [A, B] in fp32 from bf16 a [M, A] and b [M, B] (M: the batch); on CUDA the product writes
+    fp32 itself: no bf16 rounding and no cast kernel after it (7 a step for DCNv2)."""
+    if not a.is_cuda:
+        return (a.t() @ b).float()
+    return torch.mm(a.t(), b, out_dtype=torch.float32)
+
+
+def column_sums(t: torch.Tensor) -> torch.Tensor:
+    """t [M, N]'s column sums in fp32 [N]; a 16-bit t on CUDA as a product with a column of ones (fp32
+    accumulation): torch's dim-0 sum took 63 us for [65,536, 1,024] bf16 alone, the product 38
+    (benchmarks/NOTES.md)."""
+    if not t.is_cuda or t.dtype == torch.float32:
+        return t.sum(0, dtype=torch.float32)
+    return weight_grad(torch.ones(t.shape[0], 1, dtype=t.dtype, device=t.device), t)[0]
 
 
 def quantize(x, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -225,19 +243,19 @@ class _Fp8Cross(torch.autograd.Function):
         if absorbs:  # as Fp8Linear's backward
             x_last, weight = rest[5 * layers:]
             with beside(side, g, x_last):
-                d_next = ((g.t() @ x_last).float(), g.sum(0, dtype=torch.float32))
+                d_next = (weight_grad(g, x_last), column_sums(g))
             g = _product(*quantize(g, grad_dtype), weight.t(), fast)  # G_L [M, N]
         for i in reversed(range(layers)):
             x, z, _ = saved[3 * i:3 * i + 3]
             dh, dh_q, dh_scale, d_bias[i] = cross_dh(g, ds, x0, grad_dtype)
             dz = _product(dh_q, dh_scale, ups[i].t(), fast)  # dh U: [M, r]
             with beside(side, dh, z):  # compute-bound, beside the memory-bound row kernels
-                d_up[i] = (dh.t() @ z).float()  # bf16 tensor cores, as Fp8Linear's dW
+                d_up[i] = weight_grad(dh, z)  # bf16 tensor cores, as Fp8Linear's dW
             ds.append(_product(*quantize(dz, grad_dtype), downs[i].t(), fast))  # D_i = dz V
             xs = [x] if x is not None else x0s  # the first layer's x is x0: its parts
             with beside(side, dz, *xs):
-                d_down[i] = torch.cat([(dz.t() @ t).float() for t in xs], dim=1) if len(xs) > 1 \
-                    else (dz.t() @ xs[0]).float()
+                d_down[i] = torch.cat([weight_grad(dz, t) for t in xs], dim=1) if len(xs) > 1 \
+                    else weight_grad(dz, xs[0])
         dx0 = cross_dx0(g, ds, [saved[3 * i + 2] for i in reversed(range(layers))], _parts(x0)[2])
         if side is not None:  # made on the side stream, read by autograd and the optimizer on this one
             torch.cuda.current_stream().wait_stream(side)
