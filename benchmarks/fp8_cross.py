@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python3 benchmarks/fp8_cross.py [--sweep]
 
-1. Each row kernel of `ctrflow.train.fp8_cross` against its bytes (P = one bf16 pass over [M, N]),
+1. Each row kernel of `ctrflow.train.fp8_cross` (and `fp8_wgrad`'s dh pass) against its bytes (P = one bf16 pass over [M, N]),
    with torch's device copy (2 P) as the bandwidth reference; `--sweep` also times other launch shapes.
 2. The cross net's forward + backward: `Fp8CrossNet` against the same `Fp8Linear` layers compiled by
    inductor (the path before it) and the plain bf16 layers compiled.
@@ -19,11 +19,11 @@ import torch
 
 from ctrflow.models.layers import LowRankCrossNet
 from ctrflow.train import fp8_cross as C
+from ctrflow.train import fp8_wgrad as W
 from ctrflow.train.fp8 import E4M3, E5M2, apply_fp8
 from cuda_timing import median_ms
 
-SHAPES = [  # (tile, warps, dh programs per SM, dh warps): LAUNCH settings tried by --sweep
-    (4096, 4, 8, 4), (8192, 8, 4, 8), (8192, 16, 2, 16)]
+SHAPES = [(4096, 4), (8192, 8), (8192, 16)]  # (tile, warps): LAUNCH settings tried by --sweep
 
 
 def kernel_times(m: int, n: int, layers: int) -> dict:
@@ -32,6 +32,8 @@ def kernel_times(m: int, n: int, layers: int) -> dict:
     x0, h, x, g = t[:4]
     ds, hs = t[4:4 + layers], t[4 + layers:]  # distinct tensors: a row read twice would hit the cache
     z = x0[:, :512].contiguous()  # a rank-512 activation
+    fold = C.quantize(z, E4M3)[1]  # z's row scales, folded into dh's batch-major copy
+    bound = W.dh_bounds([W.row_amax(g)], W.row_amax(x0))
     bytes_p = m * n * 2
     cases = {
         "copy": (lambda: x.copy_(h), 2.0),
@@ -39,8 +41,8 @@ def kernel_times(m: int, n: int, layers: int) -> dict:
         "forward_first": (lambda: C.cross_forward(x0, h, x0, True), 3.5),
         "forward_middle": (lambda: C.cross_forward(x0, h, x, True), 4.5),
         "forward_last": (lambda: C.cross_forward(x0, h, x, False), 4.0),
-        "dh_top": (lambda: C.cross_dh(g, [], x0, E5M2), 3.5),
-        "dh_bottom": (lambda: C.cross_dh(g, ds[1:], x0, E5M2), 3.5 + layers - 1),
+        "dh_top": (lambda: W.cross_dh_tiles(g, [], x0, E5M2, bound, fold), 3.0),
+        "dh_bottom": (lambda: W.cross_dh_tiles(g, ds[1:], x0, E5M2, bound, fold), 3.0 + layers - 1),
         "dx0": (lambda: C.cross_dx0(g, ds, hs), 2.0 * layers + 2),
         "quantize_z": (lambda: C.quantize(z, E4M3), 1.5 * 512 / n),
     }
@@ -84,10 +86,10 @@ def main() -> None:
               "kernels": kernel_times(args.rows, args.width, args.layers)}
     if args.sweep:
         default = dict(C.LAUNCH)
-        for tile, warps, per_sm, dh_warps in SHAPES:
-            C.LAUNCH.update(tile=tile, warps=warps, dh_per_sm=per_sm, dh_warps=dh_warps)
+        for tile, warps in SHAPES:
+            C.LAUNCH.update(tile=tile, warps=warps)
             times = kernel_times(args.rows, args.width, args.layers)
-            result[f"tile{tile}_w{warps}_dh{per_sm}x{dh_warps}"] = {k: v["ms"] for k, v in times.items()}
+            result[f"tile{tile}_w{warps}"] = {k: v["ms"] for k, v in times.items()}
         C.LAUNCH.update(default)
     result["net_fwd_bwd_ms"] = net_times(args.rows, args.width, args.rank, args.layers)
     print(json.dumps(result))

@@ -17,8 +17,9 @@ of `ctrflow.train.fp8_cross.Fp8CrossNet`'s row kernels; same numbers up to bf16 
 check of its own), `noabsorb` (with `fp8`: the deep MLP's first Linear stays its own `Fp8Linear` in the
 compiled graph instead of `Fp8CrossNet.absorb`ing it), `nocompile` (with `loop`: `ctrflow train
 --compile off`: no compiled head (DCNv2) or dense parts (DLRM)), `bf16tab` (the fused tables stored in
-bf16, updates computed in fp32: half the table bytes; `--storage` sets every path's), `inline` (with `fp8`:
-`Fp8CrossNet`'s weight-gradient products on the main stream, not beside its row kernels).
+bf16, updates computed in fp32: half the table bytes; `--storage` sets every path's), `beside` (with `fp8`:
+`Fp8CrossNet`'s weight-gradient products on a side stream beside its row kernels; the default runs
+them in line since session 10; session 8's `inline` is that default).
 Device call 2 of session
 2 named these differently: its `fp8all:fastacc` is today's `fp8`, `fp8all` is `fp8:fp32acc`, `fp8`
 is `fp8w:fp32acc`, `fp8:fastacc` is `fp8w`.
@@ -56,7 +57,7 @@ SMALL_ARCH = {"dlrm": {"bottom_mlp": (32, 16), "top_mlp": (64, 32)},
 TABLE_OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.SparseAdam, "rowwise_adagrad": RowwiseAdagrad}
 KINDS = ("naive", "fused", "fused-eager", "fused-compile", "fused-compile-head", "loop", "plain")
 OPTIONS = ("fp8", "fp8w", "fp8t", "fp32acc", "e4m3g", "foreach", "unfused", "noabsorb", "nocompile", "noalign",
-           "bf16tab", "inline")
+           "bf16tab", "beside")
 FP8 = {"fp8", "fp8w", "fp8t"}
 PRECISION_OPTIONS = FP8 | {"e4m3g", "fp32acc", "bf16tab"}  # options that change numbers: AUC-checked
 GRAPHED = ("fused", "fused-compile", "fused-compile-head")
@@ -203,7 +204,7 @@ def make_fast(model: nn.Module, args, sizes: list[int], device: torch.device, op
                   fast_accum="fp32acc" not in options, fuse_cross="unfused" not in options,
                   absorb="noabsorb" not in options)
         for cross in (m for m in model.modules() if isinstance(m, Fp8CrossNet)):
-            cross.wgrad_beside = "inline" not in options
+            cross.wgrad_beside = "beside" in options
     if compile_scope == "head" and hasattr(model, "head"):
         model.head = torch.compile(model.head, mode=args.compile_mode)  # instance attribute: forward finds it
     elif compile_scope:

@@ -13,14 +13,16 @@ byte floor: benchmarks/NOTES.md, "DCNv2, session 2"). Here one Triton program ow
   layer) rather than quantize x_L again in the next compiled graph (inductor: a looped row reduction,
   0.36 ms at M 65,536);
 - backward, per layer top down: one pass G_{l+1} = G_L + D_{L-1} + ... + D_{l+1} (D_k: the down
-  layer's input gradient, kept), dh = G_{l+1} * x0 (bf16 for dU, e5m2 + row scales for dz = dh U) and
-  the bias gradient's column sums (3.5 + P per D read); then one pass for the whole x0 gradient,
+  layer's input gradient, kept), dh = G_{l+1} * x0 as fp8 copies for dz = dh U (e5m2, row scales) and
+  for the fp8 weight gradient dU = dh^T z (batch-major e4m3), and the bias gradient's column sums
+  (3 + P per D read: `fp8_wgrad.cross_dh_tiles`); then one pass for the whole x0 gradient,
   dx0 = sum_l G_{l+1} * h_l + G_1 + D_0 (2L + 2 P), instead of an accumulator read and written per layer.
 
-For L = 3: 36 P against ~40 for the same algebra with an accumulator, the products as in `Fp8Linear`
-(fp8 forward and input-gradient, bf16 weight gradients). Measured on one H200 (M 65,536): the kernels
-run at the device-copy rate; the cross net's forward + backward 9.10 ms against 9.83 for the same
-`Fp8Linear` layers compiled by inductor (benchmarks/fp8_cross.py). Same parameters and state-dict keys as the
+For L = 3: 34.5 P against ~40 for the same algebra with an accumulator, the products as in `Fp8Linear`
+(fp8 forward and input-gradient, bf16 weight gradients) except dU in fp8 (`fp8_wgrad`). Measured on
+one H200 (M 65,536, session 4): the kernels run at the device-copy rate; the cross net's forward +
+backward 9.10 ms against 9.83 for the same `Fp8Linear` layers compiled by inductor
+(benchmarks/fp8_cross.py). Same parameters and state-dict keys as the
 `LowRankCrossNet` it replaces; its `Fp8Linear` layers stay, and run the plain formula wherever this
 one does not apply (inputs not 2-D, > 4 layers, rows wider than 8192). The kernels need CUDA and
 Triton; elsewhere (the CPU: `_scaled_mm` runs there too) the same algebra runs in torch (`*_reference`).
@@ -30,7 +32,9 @@ Session 8 (benchmarks/NOTES.md): x0 may come in two parts, DCNv2's dense-arch ou
 which every kernel reads (and dx0's pass writes) in place: no concatenated copy (2 P, ~0.2 ms); the
 weight-gradient products run on a side stream beside the memory-bound row kernels; the K = 512 up
 products run in `fp8_product`'s kernel instead of cuBLAS's. Session 9: the weight-gradient products
-write fp32 (`weight_grad`: not rounded to bf16, no cast kernel after).
+write fp32 (`weight_grad`: not rounded to bf16, no cast kernel after). Session 10: dU in fp8 from
+batch-major copies (`fp8_wgrad`), the weight gradients in line (`wgrad_beside` off): a side stream's
+products now slow the tile kernels beside them more than they gain (benchmarks/NOTES.md).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from torch import nn
 
 from ctrflow.models.layers import LowRankCrossNet
 from ctrflow.streams import beside, side_stream
-from ctrflow.train import fp8_product
+from ctrflow.train import fp8_product, fp8_wgrad
 from ctrflow.train.fp8 import E4M3, Fp8Linear, quantize_rows
 
 try:  # the kernel compiler exists only where CUDA does
@@ -52,8 +56,8 @@ except ImportError:  # pragma: no cover - depends on the machine
 
 BF16 = torch.bfloat16
 MAX_LAYERS, MAX_WIDTH = 4, 8192
-# launch shape: values per program (ROWS x BLOCK_N), warps, persistent dh programs per SM (benchmarks/fp8_cross.py)
-LAUNCH = {"tile": 4096, "warps": 8, "quantize_warps": 4, "dh_per_sm": 4, "dh_warps": 8}
+# launch shape: values per program (ROWS x BLOCK_N), warps (benchmarks/fp8_cross.py)
+LAUNCH = {"tile": 4096, "warps": 8, "quantize_warps": 4}
 
 
 def _parts(x0) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -137,35 +141,6 @@ def cross_forward(x0, h: torch.Tensor, x, quant: bool):
     return (y, q, scale) if quant else (y, None, None)
 
 
-def dh_reference(g, ds, x0, dtype):
-    """(dh, its `dtype` copy, row scales, bias gradient fp32 [N]) as `cross_dh_kernel`."""
-    g = g.float()
-    for d in ds:
-        g = (g + d.float()).to(BF16).float()
-    dh = (g * _whole(x0).float()).to(BF16)
-    return (dh, *quantize_rows(dh, dtype), dh.float().sum(0))
-
-
-def cross_dh(g: torch.Tensor, ds: list[torch.Tensor], x0, dtype: torch.dtype):
-    """dh = (g + ds[0] + ds[1] + ...) * x0 [M, N] bf16, its `dtype` copy with row scales, and its
-    column sums (the bias gradient, fp32 [N]) in one pass; at most 3 `ds`; x0 as in `cross_forward`."""
-    if not _kernels(x0):
-        return dh_reference(g, ds, x0, dtype)
-    first, rest, lead = _parts(x0)
-    (m, n), (block_n, rows, _) = g.shape, _shape(g.shape[1])
-    dh = torch.empty_like(g)
-    q = torch.empty(m, n, dtype=dtype, device=g.device)
-    scale = torch.empty(m, 1, dtype=torch.float32, device=g.device)
-    programs = min(triton.cdiv(m, rows), fp8_product.sm_count(g.device.index or 0) * LAUNCH["dh_per_sm"])
-    parts = torch.empty(programs, n, dtype=torch.float32, device=g.device)  # every row written
-    d = [*ds, g, g, g][:3]
-    iters = triton.cdiv(triton.cdiv(m, rows), programs)
-    K.cross_dh_kernel[(programs,)](g, *d, first, rest, dh, q, scale, parts, m, n, programs, iters,
-                                   TOP=torch.finfo(dtype).max, LEAD=lead, ND=len(ds), ROWS=rows, BLOCK_N=block_n,
-                                   num_warps=LAUNCH["dh_warps"])
-    return dh, q, scale, parts.sum(0)
-
-
 def dx0_reference(g, ds, hs):
     """dx0 as `cross_dx0_kernel`: ds, hs top down (D_{L-1}, ..., D_0; h_{L-1}, ..., h_0)."""
     g, acc = g.float(), torch.zeros_like(g, dtype=torch.float32)
@@ -190,14 +165,19 @@ def cross_dx0(g: torch.Tensor, ds: list[torch.Tensor], hs: list[torch.Tensor], l
     return (out, rest) if lead else out
 
 
-def _product(aq, a_scale, b_rows, fast: bool, bias=None) -> torch.Tensor:
-    """a @ b_rows^T [M, N] bf16 from a's fp8 copy and row scales; b_rows [N, K] quantized here (e4m3)."""
+def _product(aq, a_scale, b_rows, fast: bool, bias=None, amax: bool = False):
+    """a @ b_rows^T [M, N] bf16 from a's fp8 copy and row scales; b_rows [N, K] quantized here (e4m3).
+    With `amax`, (product, its rows' largest |value| fp32 [M]): the Triton kernel emits them at any K."""
     bq, b_scale = quantize(b_rows, E4M3)
-    if fp8_product.suits(aq, bq, fast):  # K <= 512: the rank-r up products
-        return fp8_product.scaled_product(aq, a_scale, bq, b_scale, None if bias is None else bias.to(BF16))
+    bias = None if bias is None else bias.to(BF16)
+    if fp8_product.suits(aq, bq, fast, max_k=None if amax else fp8_product.MAX_K):  # the rank-r up products
+        top = torch.zeros(aq.shape[0], dtype=torch.float32, device=aq.device) if amax else None
+        out = fp8_product.scaled_product(aq, a_scale, bq, b_scale, bias, top)
+        return (out, top) if amax else out
     # bq.t(): [K, N] column-major, the layout _scaled_mm wants for B; its row scales -> [1, N]
-    return torch._scaled_mm(aq, bq.t(), scale_a=a_scale, scale_b=b_scale.t(),
-                            bias=None if bias is None else bias.to(BF16), out_dtype=BF16, use_fast_accum=fast)
+    out = torch._scaled_mm(aq, bq.t(), scale_a=a_scale, scale_b=b_scale.t(), bias=bias, out_dtype=BF16,
+                           use_fast_accum=fast)
+    return (out, fp8_wgrad.row_amax(out)) if amax else out
 
 
 class _Fp8Cross(torch.autograd.Function):
@@ -214,12 +194,12 @@ class _Fp8Cross(torch.autograd.Function):
         x0s = [t.to(BF16).contiguous() for t in (lead, rest) if t is not None]
         x0 = x0s[0] if lead is None else tuple(x0s)
         xq, x_scale = quantize(x0, E4M3)
-        x, saved = x0, []
+        x, saved = x0, [x_scale]  # x0's row scales: its rows' amax bound dh (fp8_wgrad)
         for i, (down, up, bias) in enumerate(zip(downs, ups, biases)):
-            z = _product(xq, x_scale, down, fast)  # [M, r]
-            h = _product(*quantize(z, E4M3), up, fast, bias)  # [M, N]
+            zq, z_scale = quantize(_product(xq, x_scale, down, fast), E4M3)  # z [M, r]
+            h = _product(zq, z_scale, up, fast, bias)  # [M, N]
             y, xq, x_scale = cross_forward(x0, h, x, quant=absorbs or i < layers - 1)
-            saved += [None if x is x0 else x, z, h]  # the first layer's x is x0, saved apart
+            saved += [None if x is x0 else x, zq, z_scale, h]  # the first layer's x is x0, saved apart
             x = y
         ctx.layers, ctx.options = layers, options
         if absorbs:  # the next Linear from x_L's e4m3 copy, made in the last pass above
@@ -236,27 +216,39 @@ class _Fp8Cross(torch.autograd.Function):
         parts = 2 if ctx.x0_dtypes[0] is not None else 1
         x0s, rest = ctx.saved_tensors[:parts], ctx.saved_tensors[parts:]
         x0 = x0s[0] if parts == 1 else x0s
-        downs, ups, saved = rest[:layers], rest[layers:2 * layers], rest[2 * layers:5 * layers]
+        downs, ups = rest[:layers], rest[layers:2 * layers]
+        x0_scale, saved = rest[2 * layers], rest[2 * layers + 1:6 * layers + 1]
         d_down, d_up, d_bias, ds, d_next = [None] * layers, [None] * layers, [None] * layers, [], ()
         g = grad.to(BF16).contiguous()  # G_L = dL/dx_L, or the next Linear's output gradient [M, K]
         side = side_stream(g.device, "fp8_cross") if use_side else None
         if absorbs:  # as Fp8Linear's backward
-            x_last, weight = rest[5 * layers:]
+            x_last, weight = rest[6 * layers + 1:]
             with beside(side, g, x_last):
                 d_next = (weight_grad(g, x_last), column_sums(g))
-            g = _product(*quantize(g, grad_dtype), weight.t(), fast)  # G_L [M, N]
+            g, g_amax = _product(*quantize(g, grad_dtype), weight.t(), fast, amax=True)  # G_L [M, N]
+        else:
+            g_amax = fp8_wgrad.row_amax(g)
+        amaxes, x0_amax = [g_amax], x0_scale * torch.finfo(E4M3).max
         for i in reversed(range(layers)):
-            x, z, _ = saved[3 * i:3 * i + 3]
-            dh, dh_q, dh_scale, d_bias[i] = cross_dh(g, ds, x0, grad_dtype)
+            x, zq, z_scale, _ = saved[4 * i:4 * i + 4]
+            bound = fp8_wgrad.dh_bounds(amaxes, x0_amax)
+            dh_q, dh_scale, dh_t, t_scale, d_bias[i] = fp8_wgrad.cross_dh_tiles(g, ds, x0, grad_dtype, bound,
+                                                                                z_scale)
             dz = _product(dh_q, dh_scale, ups[i].t(), fast)  # dh U: [M, r]
-            with beside(side, dh, z):  # compute-bound, beside the memory-bound row kernels
-                d_up[i] = weight_grad(dh, z)  # bf16 tensor cores, as Fp8Linear's dW
-            ds.append(_product(*quantize(dz, grad_dtype), downs[i].t(), fast))  # D_i = dz V
+            with beside(side, dh_t, t_scale, zq):  # compute-bound, beside the memory-bound row kernels
+                d_up[i] = fp8_wgrad.up_weight_grad(dh_t, t_scale, fp8_wgrad.transposed(zq))
+            dz_q = quantize(dz, grad_dtype)
+            if i > 0:  # D_i = dz V; the layers below bound their dh by its rows' amax
+                d, d_amax = _product(*dz_q, downs[i].t(), fast, amax=True)
+                amaxes.append(d_amax)
+            else:
+                d = _product(*dz_q, downs[i].t(), fast)
+            ds.append(d)
             xs = [x] if x is not None else x0s  # the first layer's x is x0: its parts
             with beside(side, dz, *xs):
                 d_down[i] = torch.cat([weight_grad(dz, t) for t in xs], dim=1) if len(xs) > 1 \
                     else weight_grad(dz, xs[0])
-        dx0 = cross_dx0(g, ds, [saved[3 * i + 2] for i in reversed(range(layers))], _parts(x0)[2])
+        dx0 = cross_dx0(g, ds, [saved[4 * i + 3] for i in reversed(range(layers))], _parts(x0)[2])
         if side is not None:  # made on the side stream, read by autograd and the optimizer on this one
             torch.cuda.current_stream().wait_stream(side)
             for t in (*d_down, *d_up, *d_next):
@@ -282,7 +274,7 @@ class Fp8CrossNet(LowRankCrossNet):
     Linear layer too."""
 
     absorbed: tuple = ()  # (AbsorbedFp8Linear,) once `absorb` took one: a reference, not a submodule
-    wgrad_beside = True  # the weight gradients' products on a side stream on CUDA (`_Fp8Cross.backward`)
+    wgrad_beside = False  # the weight gradients' products on a side stream on CUDA (`_Fp8Cross.backward`)
 
     @classmethod
     def from_cross(cls, cross: LowRankCrossNet) -> "Fp8CrossNet":

@@ -114,33 +114,6 @@ def cross_forward_kernel(x0_ptr, rest_ptr, h_ptr, x_ptr, y_ptr, q_ptr, s_ptr, M,
 
 
 @triton.jit
-def cross_dh_kernel(g_ptr, d0_ptr, d1_ptr, d2_ptr, x0_ptr, rest_ptr, dh_ptr, q_ptr, s_ptr, parts_ptr, M, N, programs,
-                    iters, TOP: tl.constexpr, LEAD: tl.constexpr, ND: tl.constexpr, ROWS: tl.constexpr,
-                    BLOCK_N: tl.constexpr):
-    """G = ((g + d0) + d1) + d2 (the first ND; rounded after each sum), dh = G * x0 (bf16), its fp8
-    copy with row scales, and this program's column sums of dh in parts[pid] (`programs` persistent
-    programs stride over the row blocks, `iters` blocks each: one partial row per program, not per block)."""
-    pid = tl.program_id(0)
-    colsum = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for i in range(0, iters):
-        rows, offs, mask = _offsets(pid + i * programs, M, N, ROWS, BLOCK_N)  # past the end: all masked
-        g = _load(g_ptr, offs, mask)
-        if ND > 0:
-            g = _bf16(g + _load(d0_ptr, offs, mask))
-        if ND > 1:
-            g = _bf16(g + _load(d1_ptr, offs, mask))
-        if ND > 2:
-            g = _bf16(g + _load(d2_ptr, offs, mask))
-        dh = (g * _load_x0(x0_ptr, rest_ptr, rows, M, N, LEAD, BLOCK_N)).to(tl.bfloat16)
-        tl.store(dh_ptr + offs, dh, mask=mask)
-        dh = dh.to(tl.float32)
-        colsum += tl.sum(dh, axis=0)
-        _quantize_store(dh, q_ptr, s_ptr, rows, offs, mask, M, TOP)
-    cols = tl.arange(0, BLOCK_N)
-    tl.store(parts_ptr + pid * N + cols, colsum, mask=cols < N)
-
-
-@triton.jit
 def _take(acc, g, d_ptr, h_ptr, offs, mask):
     """One layer, top down: acc += G_{l+1} * h_l; returns (acc, G_l = G_{l+1} + D_l in bf16)."""
     acc += g * _load(h_ptr, offs, mask)
@@ -162,3 +135,59 @@ def cross_dx0_kernel(g_ptr, d0_ptr, d1_ptr, d2_ptr, d3_ptr, h0_ptr, h1_ptr, h2_p
     if L > 3:
         acc, g = _take(acc, g, d3_ptr, h3_ptr, offs, mask)
     _store_x0((acc + g).to(tl.bfloat16), out_ptr, rest_ptr, rows, M, N, LEAD, BLOCK_N)
+
+
+@triton.jit
+def _load_x0_tile(x0_ptr, rest_ptr, r, c, M, N, LEAD: tl.constexpr):
+    """x0's tile at rows r [R, 1] (int64) and columns c [1, BC] in fp32 (masked lanes 0), from its one or
+    two parts (`_x0_at`)."""
+    if LEAD == 0:
+        return _load(x0_ptr, r * N + c, (r < M) & (c < N))
+    x0 = _load(x0_ptr, r * LEAD + c, (r < M) & (c < LEAD))
+    return x0 + _load(rest_ptr, r * (N - LEAD) + (c - LEAD), (r < M) & (c >= LEAD) & (c < N))
+
+
+@triton.jit
+def cross_dh_tiles_kernel(g_ptr, d0_ptr, d1_ptr, d2_ptr, x0_ptr, rest_ptr, q_ptr, qt_ptr, inv_ptr, inv_t_ptr,
+                          fold_ptr, parts_ptr, M, N, row_programs, iters, TOP: tl.constexpr, TOP_T: tl.constexpr,
+                          LEAD: tl.constexpr, ND: tl.constexpr, R: tl.constexpr, BC: tl.constexpr):
+    """`cross_dh_kernel`'s G and dh = G * x0 over [R, BC] tiles with the scales known ahead (row bounds,
+    not the row's amax): dh's fp8 copy q = dh * inv[row], its batch-major copy qt[col, row] =
+    dh * fold[row] * inv_t (one scale), and per (row program, column block) the column sums of dh in
+    parts[row program]; no bf16 dh. Program (column block, row program) strides over the row blocks."""
+    pc, pr = tl.program_id(0), tl.program_id(1)
+    cols = pc * BC + tl.arange(0, BC)
+    c = cols[None, :]
+    inv_t = tl.load(inv_t_ptr)
+    colsum = tl.zeros([BC], dtype=tl.float32)
+    for i in range(0, iters):
+        rows = (pr + i * row_programs) * R + tl.arange(0, R)
+        r = rows[:, None].to(tl.int64)
+        mask = (r < M) & (c < N)
+        offs = r * N + c
+        g = _load(g_ptr, offs, mask)
+        if ND > 0:
+            g = _bf16(g + _load(d0_ptr, offs, mask))
+        if ND > 1:
+            g = _bf16(g + _load(d1_ptr, offs, mask))
+        if ND > 2:
+            g = _bf16(g + _load(d2_ptr, offs, mask))
+        dh = _bf16(g * _load_x0_tile(x0_ptr, rest_ptr, r, c, M, N, LEAD))
+        colsum += tl.sum(dh, axis=0)
+        inv = tl.load(inv_ptr + rows, mask=rows < M, other=0.0)
+        q = tl.minimum(tl.maximum(dh * inv[:, None], -TOP), TOP)
+        tl.store(q_ptr + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+        fold = tl.load(fold_ptr + rows, mask=rows < M, other=0.0)
+        qt = tl.minimum(tl.maximum(dh * (fold * inv_t)[:, None], -TOP_T), TOP_T)
+        tl.store(qt_ptr + c.to(tl.int64) * M + r, qt.to(qt_ptr.dtype.element_ty), mask=mask)
+    tl.store(parts_ptr + pr * N + cols, colsum, mask=cols < N)
+
+
+@triton.jit
+def transpose_kernel(x_ptr, y_ptr, M, N, R: tl.constexpr, BC: tl.constexpr):
+    """y [N, M] = x [M, N]^T (any element type: fp8 copies made batch-major)."""
+    rows = tl.program_id(0) * R + tl.arange(0, R)
+    cols = tl.program_id(1) * BC + tl.arange(0, BC)
+    r, c = rows[:, None].to(tl.int64), cols[None, :]
+    mask = (r < M) & (c < N)
+    tl.store(y_ptr + c.to(tl.int64) * M + r, tl.load(x_ptr + r * N + c, mask=mask), mask=mask)
