@@ -1,11 +1,13 @@
-"""Triton kernels of the fp8 cross layers (`ctrflow.train.fp8_cross` launches them; its doc says
-what each computes and why).
+"""Triton kernels of the fp8 cross layers (`ctrflow.train.fp8_cross` and `fp8_wgrad` launch them; their
+docs say what each computes and why).
 
 Memory-bound row kernels: each program owns whole rows, a [ROWS, BLOCK_N] block with BLOCK_N the
 next power of two >= N (4096 for N = 3456), so a row's amax, scale and fp8 copy come out of the
 registers of the very pass that produces the row. Math in fp32; every tensor the torch path would
 round to bf16 is rounded here too (y, dh, each partial gradient sum), then quantized from those bf16
-values, as `ctrflow.train.fp8.quantize_rows` does.
+values, as `ctrflow.train.fp8.quantize_rows` does. The dh pass (`cross_dh_tiles_kernel`) works on
+[R, BC] tiles instead, with scales known before it, so that its batch-major copy's stores write
+whole R-row segments (`fp8_wgrad`).
 """
 
 from __future__ import annotations
@@ -151,8 +153,8 @@ def _load_x0_tile(x0_ptr, rest_ptr, r, c, M, N, LEAD: tl.constexpr):
 def cross_dh_tiles_kernel(g_ptr, d0_ptr, d1_ptr, d2_ptr, x0_ptr, rest_ptr, q_ptr, qt_ptr, inv_ptr, inv_t_ptr,
                           fold_ptr, parts_ptr, M, N, row_programs, iters, TOP: tl.constexpr, TOP_T: tl.constexpr,
                           LEAD: tl.constexpr, ND: tl.constexpr, R: tl.constexpr, BC: tl.constexpr):
-    """`cross_dh_kernel`'s G and dh = G * x0 over [R, BC] tiles with the scales known ahead (row bounds,
-    not the row's amax): dh's fp8 copy q = dh * inv[row], its batch-major copy qt[col, row] =
+    """G = ((g + d0) + d1) + d2 (the first ND; rounded to bf16 after each sum) and dh = G * x0 (bf16
+    values) over [R, BC] tiles with the scales known ahead (row bounds, not the row's amax): dh's fp8 copy q = dh * inv[row], its batch-major copy qt[col, row] =
     dh * fold[row] * inv_t (one scale), and per (row program, column block) the column sums of dh in
     parts[row program]; no bf16 dh. Program (column block, row program) strides over the row blocks."""
     pc, pr = tl.program_id(0), tl.program_id(1)

@@ -33,7 +33,8 @@ def suits(a: torch.Tensor, b: torch.Tensor, fast: bool, max_k: int | None = MAX_
     fast accumulation (as `_scaled_mm(use_fast_accum=True)`), rows aligned to 16 bytes as the tensor copy
     engine needs."""
     return (triton is not None and fast and a.is_cuda and (max_k is None or a.shape[1] <= max_k)
-            and a.shape[1] % 16 == 0 and b.shape[1] == a.shape[1] and b.shape[0] % 8 == 0 and a.is_contiguous() and b.is_contiguous())
+            and a.shape[1] % 16 == 0 and b.shape[1] == a.shape[1] and b.shape[0] % 8 == 0
+            and a.is_contiguous() and b.is_contiguous())
 
 
 if triton is not None:
