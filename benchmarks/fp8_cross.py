@@ -2,8 +2,9 @@
 
     PYTHONPATH=src python3 benchmarks/fp8_cross.py [--sweep]
 
-1. Each row kernel of `ctrflow.train.fp8_cross` (and `fp8_wgrad`'s dh pass) against its bytes (P = one bf16 pass over [M, N]),
-   with torch's device copy (2 P) as the bandwidth reference; `--sweep` also times other launch shapes.
+1. Each row kernel of `ctrflow.train.fp8_cross` (and `fp8_wgrad`'s dh pass) against its bytes (P = one
+   bf16 pass over [M, N]), with torch's device copy (2 P) as the bandwidth reference; `--sweep` also
+   times other launch shapes.
 2. The cross net's forward + backward: `Fp8CrossNet` against the same `Fp8Linear` layers compiled by
    inductor (the path before it) and the plain bf16 layers compiled.
 Prints one JSON line (times in ms, median of CUDA-event timed runs).

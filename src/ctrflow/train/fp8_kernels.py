@@ -154,9 +154,10 @@ def cross_dh_tiles_kernel(g_ptr, d0_ptr, d1_ptr, d2_ptr, x0_ptr, rest_ptr, q_ptr
                           fold_ptr, parts_ptr, M, N, row_programs, iters, TOP: tl.constexpr, TOP_T: tl.constexpr,
                           LEAD: tl.constexpr, ND: tl.constexpr, R: tl.constexpr, BC: tl.constexpr):
     """G = ((g + d0) + d1) + d2 (the first ND; rounded to bf16 after each sum) and dh = G * x0 (bf16
-    values) over [R, BC] tiles with the scales known ahead (row bounds, not the row's amax): dh's fp8 copy q = dh * inv[row], its batch-major copy qt[col, row] =
-    dh * fold[row] * inv_t (one scale), and per (row program, column block) the column sums of dh in
-    parts[row program]; no bf16 dh. Program (column block, row program) strides over the row blocks."""
+    values) over [R, BC] tiles with the scales known ahead (row bounds, not the row's amax): dh's fp8
+    copy q = dh * inv[row], its batch-major copy qt[col, row] = dh * fold[row] * inv_t (one scale),
+    and per (row program, column block) the column sums of dh in parts[row program]; no bf16 dh.
+    Program (column block, row program) strides over the row blocks."""
     pc, pr = tl.program_id(0), tl.program_id(1)
     cols = pc * BC + tl.arange(0, BC)
     c = cols[None, :]
