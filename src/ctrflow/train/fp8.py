@@ -10,8 +10,8 @@ whose forward product and input-gradient product run on the fp8 tensor cores thr
   digits) with one scale per row, W^T made contiguous [K, N] as e4m3 with one scale per input
   column;
 - dW = g^T x stays a bf16 product (its operands would need batch-major fp8 copies: two more passes
-  over [M, K]), db = sum of g in fp32. Accumulation is fp32 unless `fast_accum` (Hopper's faster
-  fp8 accumulation, ~10% more TFLOP/s, fewer accumulator bits).
+  over [M, K]) writing fp32, db = column sums of g in fp32 (`column_sums`). Accumulation is fp32
+  unless `fast_accum` (Hopper's faster fp8 accumulation, ~10% more TFLOP/s, fewer accumulator bits).
 
 Which products pay: quantizing an [M, W] operand costs at least one write of M x W bytes (and, when
 not fused into its producer, a read of 2 M x W more), while fp8 saves 2 M x W x N x (1/R_bf16 -
@@ -77,6 +77,23 @@ def _scaled(a: torch.Tensor, a_dtype: torch.dtype, b_rows: torch.Tensor, rowwise
                             out_dtype=torch.bfloat16, use_fast_accum=fast)
 
 
+def weight_grad(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a^T b [A, B] in fp32 from bf16 a [M, A] and b [M, B] (M: the batch); on CUDA the product writes
+    fp32 itself: no bf16 rounding and no cast kernel after it (9 a step for DCNv2)."""
+    if not a.is_cuda:
+        return (a.t() @ b).float()
+    return torch.mm(a.t(), b, out_dtype=torch.float32)
+
+
+def column_sums(t: torch.Tensor) -> torch.Tensor:
+    """t [M, N]'s column sums in fp32 [N]; a 16-bit t on CUDA as a product with a column of ones (fp32
+    accumulation): torch's dim-0 sum took 63 us for [65,536, 1,024] bf16 alone, the product 38
+    (benchmarks/NOTES.md)."""
+    if not t.is_cuda or t.dtype == torch.float32:
+        return t.sum(0, dtype=torch.float32)
+    return weight_grad(torch.ones(t.shape[0], 1, dtype=t.dtype, device=t.device), t)[0]
+
+
 class _Fp8Matmul(torch.autograd.Function):
     """y = x W^T + b with fp8 forward and input-gradient products (module doc)."""
 
@@ -101,8 +118,10 @@ class _Fp8Matmul(torch.autograd.Function):
             grad_x = _scaled(grad, grad_dtype, weight.t().contiguous(), rowwise, fast)
         else:
             grad_x = grad @ weight.to(torch.bfloat16)
-        grad_w = (grad.t() @ x).float()  # bf16 tensor cores, as autocast's Linear does
-        grad_b = grad.float().sum(0) if ctx.has_bias else None
+        grad_w = weight_grad(grad, x)  # bf16 tensor cores, as autocast's Linear does
+        # a product, not a sum that inductor fuses into the quantization above: 317 -> 164 + 60 us a
+        # step for DCNv2's deep layers (benchmarks/NOTES.md, "DCNv2, session 11")
+        grad_b = column_sums(grad) if ctx.has_bias else None
         return grad_x, grad_w, grad_b, None
 
 

@@ -45,7 +45,7 @@ from torch import nn
 from ctrflow.models.layers import LowRankCrossNet
 from ctrflow.streams import beside, side_stream
 from ctrflow.train import fp8_product, fp8_wgrad
-from ctrflow.train.fp8 import E4M3, Fp8Linear, quantize_rows
+from ctrflow.train.fp8 import E4M3, Fp8Linear, column_sums, quantize_rows, weight_grad
 
 try:  # the kernel compiler exists only where CUDA does
     import triton
@@ -82,23 +82,6 @@ def _shape(n: int) -> tuple[int, int, int]:
     block_n = triton.next_power_of_2(n)
     rows = max(1, LAUNCH["tile"] // block_n)
     return block_n, rows, LAUNCH["warps"] if rows * block_n >= 2048 else 4
-
-
-def weight_grad(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a^T b [A, B] in fp32 from bf16 a [M, A] and b [M, B] (M: the batch); on CUDA the product writes
-    fp32 itself: no bf16 rounding and no cast kernel after it (7 a step for DCNv2)."""
-    if not a.is_cuda:
-        return (a.t() @ b).float()
-    return torch.mm(a.t(), b, out_dtype=torch.float32)
-
-
-def column_sums(t: torch.Tensor) -> torch.Tensor:
-    """t [M, N]'s column sums in fp32 [N]; a 16-bit t on CUDA as a product with a column of ones (fp32
-    accumulation): torch's dim-0 sum took 63 us for [65,536, 1,024] bf16 alone, the product 38
-    (benchmarks/NOTES.md)."""
-    if not t.is_cuda or t.dtype == torch.float32:
-        return t.sum(0, dtype=torch.float32)
-    return weight_grad(torch.ones(t.shape[0], 1, dtype=t.dtype, device=t.device), t)[0]
 
 
 def quantize(x, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
