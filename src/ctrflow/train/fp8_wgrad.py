@@ -37,7 +37,7 @@ except ImportError:  # pragma: no cover - depends on the machine
 
 BF16 = torch.bfloat16
 SLACK = 1.02  # dh's up to four bf16 roundings (each <= 2^-8) on top of the bound
-# tile rows x columns, warps, programs per SM (benchmarks/NOTES.md, "DCNv2, session 10")
+# tile rows x columns, warps, programs per SM (benchmarks/NOTES.md, "DCNv2, sessions 10-11")
 TILES = {"dh": (64, 64, 4, 8), "transpose": (128, 64, 4)}
 
 
