@@ -46,6 +46,7 @@ from ctrflow.models.layers import LowRankCrossNet
 from ctrflow.streams import beside, side_stream
 from ctrflow.train import fp8_product, fp8_wgrad
 from ctrflow.train.fp8 import E4M3, Fp8Linear, column_sums, quantize_rows, weight_grad
+from ctrflow.train.fp8_wgrad import x0_parts, x0_whole
 
 try:  # the kernel compiler exists only where CUDA does
     import triton
@@ -60,20 +61,9 @@ MAX_LAYERS, MAX_WIDTH = 4, 8192
 LAUNCH = {"tile": 4096, "warps": 8, "quantize_warps": 4}
 
 
-def _parts(x0) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(first part, other part, LEAD) of x0: one [M, N] tensor (itself twice, LEAD 0), or a pair
-    (lead [M, LEAD], rest [M, N - LEAD]) read in place by the kernels (`fp8_kernels._x0_at`)."""
-    return (x0, x0, 0) if isinstance(x0, torch.Tensor) else (x0[0], x0[1], x0[0].shape[1])
-
-
-def _whole(x0) -> torch.Tensor:
-    """x0 as one tensor (the torch references: a concatenated copy)."""
-    return x0 if isinstance(x0, torch.Tensor) else torch.cat(x0, dim=1)
-
-
 def _kernels(t) -> bool:
     """Whether the row kernels take t (a tensor, or x0 in two parts)."""
-    _, rest, lead = _parts(t)
+    _, rest, lead = x0_parts(t)
     return rest.is_cuda and K is not None and lead + rest.shape[-1] <= MAX_WIDTH
 
 
@@ -89,8 +79,8 @@ def quantize(x, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     x may be strided (a weight's `.t()`: read in place rather than copied contiguous first, 7 copies a
     step for DCNv2)."""
     if not _kernels(x):
-        return quantize_rows(_whole(x), dtype)
-    first, rest, lead = _parts(x)
+        return quantize_rows(x0_whole(x), dtype)
+    first, rest, lead = x0_parts(x)
     m, n = rest.shape[0], lead + rest.shape[1]
     block_n, rows, warps = _shape(n)
     q = torch.empty(m, n, dtype=dtype, device=rest.device)
@@ -103,17 +93,17 @@ def quantize(x, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
 
 def forward_reference(x0, h, x, quant: bool):
     """(y, e4m3 copy, row scales) — copy and scales None unless `quant` — as `cross_forward_kernel`."""
-    x0, x = _whole(x0), _whole(x)
+    x0, x = x0_whole(x0), x0_whole(x)
     y = (x0.float() * h.float() + x.float()).to(BF16)
     return (y, *quantize_rows(y, E4M3)) if quant else (y, None, None)
 
 
 def cross_forward(x0, h: torch.Tensor, x, quant: bool):
     """y = x0 * h + x [M, N] bf16 and (if `quant`) its e4m3 copy and row scales [M, 1], in one pass;
-    x0 one tensor or two parts (`_parts`), x a tensor or x0 itself."""
+    x0 one tensor or two parts (`x0_parts`), x a tensor or x0 itself."""
     if not _kernels(x0):
         return forward_reference(x0, h, x, quant)
-    first, rest, lead = _parts(x0)
+    first, rest, lead = x0_parts(x0)
     (m, n), (block_n, rows, warps) = h.shape, _shape(h.shape[1])
     y = torch.empty_like(h)
     q = torch.empty(m, n, dtype=E4M3, device=h.device) if quant else y
@@ -135,7 +125,7 @@ def dx0_reference(g, ds, hs):
 
 def cross_dx0(g: torch.Tensor, ds: list[torch.Tensor], hs: list[torch.Tensor], lead: int = 0):
     """x0's whole gradient [M, N] bf16 from G_L and every layer's D and h, top down, in one pass; with
-    `lead`, in two parts as x0 came (`_parts`): [M, lead] and [M, N - lead]."""
+    `lead`, in two parts as x0 came (`x0_parts`): [M, lead] and [M, N - lead]."""
     if not _kernels(g):
         dx0 = dx0_reference(g, ds, hs)
         return dx0.split([lead, g.shape[1] - lead], dim=1) if lead else dx0
@@ -231,7 +221,7 @@ class _Fp8Cross(torch.autograd.Function):
             with beside(side, dz, *xs):
                 d_down[i] = torch.cat([weight_grad(dz, t) for t in xs], dim=1) if len(xs) > 1 \
                     else weight_grad(dz, xs[0])
-        dx0 = cross_dx0(g, ds, [saved[4 * i + 3] for i in reversed(range(layers))], _parts(x0)[2])
+        dx0 = cross_dx0(g, ds, [saved[4 * i + 3] for i in reversed(range(layers))], x0_parts(x0)[2])
         if side is not None:  # made on the side stream, read by autograd and the optimizer on this one
             torch.cuda.current_stream().wait_stream(side)
             for t in (*d_down, *d_up, *d_next):

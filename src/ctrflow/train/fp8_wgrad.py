@@ -41,9 +41,16 @@ SLACK = 1.02  # dh's up to four bf16 roundings (each <= 2^-8) on top of the boun
 TILES = {"dh": (64, 64, 4, 8), "transpose": (128, 64, 4)}
 
 
-def _x0_parts(x0) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(first part, other part, LEAD) as `fp8_cross._parts`."""
+def x0_parts(x0) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(first part, other part, LEAD) of x0: one [M, N] tensor (itself twice, LEAD 0), or a pair
+    (lead [M, LEAD], rest [M, N - LEAD]) read in place by the kernels (`fp8_kernels._x0_at`); here
+    because `fp8_cross`, which imports this module, needs it too."""
     return (x0, x0, 0) if isinstance(x0, torch.Tensor) else (x0[0], x0[1], x0[0].shape[1])
+
+
+def x0_whole(x0) -> torch.Tensor:
+    """x0 as one tensor (the torch references: a concatenated copy)."""
+    return x0 if isinstance(x0, torch.Tensor) else torch.cat(x0, dim=1)
 
 
 def _kernels(t: torch.Tensor) -> bool:
@@ -65,7 +72,7 @@ def dh_tiles_reference(g, ds, x0, dtype, bound, fold):
     """(q, row scales [M, 1], batch-major e4m3 copy [N, M], its scale, bias gradient fp32 [N]) as
     `cross_dh_tiles_kernel`."""
     top = torch.finfo(dtype).max
-    x0 = x0 if isinstance(x0, torch.Tensor) else torch.cat(x0, dim=1)
+    x0 = x0_whole(x0)
     g = g.float()
     for d in ds:
         g = (g + d.float()).to(BF16).float()
@@ -84,7 +91,7 @@ def cross_dh_tiles(g: torch.Tensor, ds: list[torch.Tensor], x0, dtype: torch.dty
     one scale; and dh's column sums (the bias gradient, fp32 [N]); in one pass (module doc)."""
     if not _kernels(g):
         return dh_tiles_reference(g, ds, x0, dtype, bound, fold)
-    first, rest, lead = _x0_parts(x0)
+    first, rest, lead = x0_parts(x0)
     (m, n), top = g.shape, torch.finfo(dtype).max
     rows, cols, warps, per_sm = TILES["dh"]
     col_blocks = triton.cdiv(n, cols)
