@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ctrflow.data.loader import ParquetDataset
-from ctrflow.data.scan import ScanLoader
-from ctrflow.data.schema import Schema
-from ctrflow.data.stream_plan import ParquetIndex
+from ctrflow.loaders.memory import ParquetDataset
+from ctrflow.loaders.scan import ScanLoader
+from ctrflow.schema import Schema
+from ctrflow.loaders.stream_plan import ParquetIndex
 from ctrflow.evaluate import compute_metrics
 from ctrflow.evaluate.scoring import score_batches
 from ctrflow.models import build_model

@@ -34,11 +34,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from ctrflow.data.loader import BatchLoader, ParquetDataset
-from ctrflow.data.schema import DENSE, LABEL, SPARSE, Schema
-from ctrflow.data.scan import ScanLoader
-from ctrflow.data.stream import DEFAULT_WINDOW, StreamLoader
-from ctrflow.data.stream_plan import ParquetIndex
+from ctrflow.loaders.memory import BatchLoader, ParquetDataset
+from ctrflow.schema import LABEL, Schema
+from ctrflow.datasets.criteo.columns import DENSE, SPARSE
+from ctrflow.loaders.scan import ScanLoader
+from ctrflow.loaders.stream import DEFAULT_WINDOW, StreamLoader
+from ctrflow.loaders.stream_plan import ParquetIndex
+from ctrflow.datasets.criteo.columns import criteo_features
 
 sys.path.insert(0, str(Path(__file__).parent))
 from page_cache import cached_fraction, cold, disk_read  # noqa: E402
@@ -223,7 +225,7 @@ def main(argv=None) -> dict:
         write_split(Path(args.write_only), args.rows, args.part_rows, args.row_group_rows, 0, args.compression,
                     args.data)
         sizes = [10 ** (1 + i % 6) if args.data == "zipf" else CARDINALITY for i in range(len(SPARSE))]
-        Schema(cardinalities=dict(zip(SPARSE, sizes)), freq_threshold=1, rows={"train": args.rows},
+        Schema(cardinalities=dict(zip(SPARSE, sizes)), features=criteo_features(dict(zip(SPARSE, sizes))), freq_threshold=1, rows={"train": args.rows},
                vocab_hash=f"loader-benchmark-{args.data}").save(Path(args.write_only) / "schema.json")
         return result
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:

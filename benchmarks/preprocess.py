@@ -3,7 +3,7 @@
     python benchmarks/preprocess.py [--rows 1000000] [--workers N] [--hugectr-script PATH]
                                     [--engine cpu|gpu] [--device cuda|cpu]
 
-Synthetic Criteo-format rows (`ctrflow.data.synth`; a plain numpy generator where that is absent)
+Synthetic Criteo-format rows (`ctrflow.datasets.criteo.synth`; a plain numpy generator where that is absent)
 are written once to a work directory. Then, in the same run: pyarrow.csv.read_csv of the file
 (all threads, type inference: the "merely parses" rate), and `ctrflow preprocess` end to end
 (fit + transform, raw TSV → Parquet, the library call after imports), best of `--repeats` each; then
@@ -33,9 +33,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
-from ctrflow.data.output import file_digest
-from ctrflow.data.preprocess import preprocess
-from ctrflow.data.schema import DENSE, RAW_COLUMNS, SPARSE
+from ctrflow.preprocess.output import file_digest
+from ctrflow.preprocess.run import preprocess
+from ctrflow.datasets.criteo.columns import DENSE, RAW_COLUMNS, SPARSE
 
 
 def plain_sha256(path: Path) -> str:
@@ -50,11 +50,11 @@ def plain_sha256(path: Path) -> str:
 def write_rows(path: Path, rows: int, seed: int) -> str:
     """A raw TSV of `rows` rows; returns which generator wrote it."""
     try:
-        from ctrflow.data.synth import synthesize
+        from ctrflow.datasets.criteo.synth import synthesize
 
         synthesize(path.parent / "synth", rows=rows, days=1, seed=seed)
         os.replace(path.parent / "synth" / "day_0.tsv", path)
-        return "ctrflow.data.synth"
+        return "ctrflow.datasets.criteo.synth"
     except ImportError:
         pass
     rng = np.random.default_rng(seed)

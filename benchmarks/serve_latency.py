@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ctrflow.data.schema import DENSE, SPARSE
+from ctrflow.datasets.criteo.columns import DENSE, SPARSE
 from ctrflow.serve.tritonserver import TritonServer, find_serving_venv
 
 FIELDS = (*DENSE, *SPARSE)

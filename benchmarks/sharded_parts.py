@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from ctrflow.data.batch import Batch
+from ctrflow.loaders.batch import Batch
 from ctrflow.embedding.plan import Shard
 from ctrflow.embedding.tables import TableConfig
 

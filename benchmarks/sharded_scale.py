@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ctrflow.data.schema import SPARSE
+from ctrflow.datasets.criteo.columns import SPARSE
 from ctrflow.embedding.fused import ops
 from ctrflow.embedding.fused.dense import align_linear_inputs
 from ctrflow.embedding.fused.interaction import FusedDotInteraction
@@ -55,6 +55,7 @@ from ctrflow.train.distributed import close_runtime, init_runtime
 from ctrflow.train.graphs import GraphedStep
 from ctrflow.train.loop import train_step
 from ctrflow.train.optim import Optimizers
+from ctrflow.features import Features
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sharded_parts import (MLPERF_TABLES, device_init, gather, memory_gib, profile_kernels,  # noqa: E402
@@ -115,7 +116,7 @@ FUSED_RULES = {"sgd": "sgd", "adagrad": "rowwise_adagrad", "adam": "adam", "lazy
 
 def build(args, runtime, tables, plan):
     """The DLRM with sharded tables on this process's device, its dense part under DDP, and optimizers."""
-    model = build_model("dlrm", [2] * len(SPARSE), args.dim, seed=args.seed,
+    model = build_model("dlrm", Features.categorical([2] * len(SPARSE), 13), args.dim, seed=args.seed,
                         bottom_mlp=(512, 256), top_mlp=(1024, 1024, 512, 256))
     group = dist.new_group(list(range(runtime.world_size))) if runtime.distributed else None
     if args.embedding == "fused":
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     runtime = init_runtime(args.device)
     rows = [max(1, int(n * args.rows_scale)) for n in MLPERF_TABLES]
-    tables = tables_for(rows, list(SPARSE), args.dim)
+    tables = tables_for(Features.categorical(dict(zip(list(SPARSE), rows))).sparse, args.dim)
     memory_of = lambda t: state_bytes(t, args.optimizer)  # noqa: E731  (the fused state is no larger)
     budget = (int(args.memory_budget_gib * 2**30) if args.memory_budget_gib is not None
               else device_memory_budget(runtime.device))

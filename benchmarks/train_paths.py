@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctrflow.config import OptimConfig
-from ctrflow.data.batch import Batch
-from ctrflow.data.schema import SPARSE
+from ctrflow.loaders.batch import Batch
+from ctrflow.datasets.criteo.columns import SPARSE
 from ctrflow.embedding.fused import FusedEmbeddingCollection
 from ctrflow.embedding.fused.dense import align_linear_inputs
 from ctrflow.embedding.fused.interaction import FusedDotInteraction
@@ -47,6 +47,7 @@ from ctrflow.train.fused import FusedTables
 from ctrflow.train.graphs import GraphedStep, compile_dense
 from ctrflow.train.loop import train_step
 from ctrflow.train.optim import build_optimizers
+from ctrflow.features import Features
 
 ARCH = {  # MLPerf shapes; DCNv2: 3 cross layers of rank 512
     "dlrm": {"bottom_mlp": (512, 256), "top_mlp": (1024, 1024, 512, 256)},
@@ -106,11 +107,11 @@ def build_path(name: str, args, sizes: list[int], device: torch.device, optim: t
     if kind == "loop":
         return build_loop_path(args, arch, sizes, device, optim, options)
     if kind == "plain":
-        model = build_model(args.model, sizes, args.dim, **arch).to(device)
+        model = build_model(args.model, Features.categorical(sizes, 13), args.dim, **arch).to(device)
         tables = [p for p in model.embeddings.weights.values()]
     else:
         # tiny tables: the dense layers come out the same, and no 96 GB is drawn on the host
-        model = build_model(args.model, [1] * len(SPARSE), args.dim, **arch)
+        model = build_model(args.model, Features.categorical([1] * len(SPARSE), 13), args.dim, **arch)
         if kind == "naive":
             replace_module(model, "embeddings", NaiveBags(sizes, args.dim, device))
             tables = list(model.embeddings.parameters())
@@ -143,7 +144,7 @@ def build_loop_path(args, arch: dict, sizes: list[int], device: torch.device, op
     benchmark's other fused paths: `apply_fused` would first build 96 GB of plain tables on the host)."""
     if device.type != "cuda":
         raise ValueError("the loop path needs CUDA")
-    model = build_model(args.model, [1] * len(SPARSE), args.dim, **arch)
+    model = build_model(args.model, Features.categorical([1] * len(SPARSE), 13), args.dim, **arch)
     make_fast(model, args, sizes, device, optim, compile_scope="", options=options, align="noalign" not in options)
     model.to(device)
     if "nocompile" not in options:
@@ -192,7 +193,7 @@ def make_fast(model: nn.Module, args, sizes: list[int], device: torch.device, op
     out_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # halves lookup + grad bytes
     storage = torch.bfloat16 if "bf16tab" in options else getattr(torch, args.storage)
     replace_module(model, "embeddings", FusedEmbeddingCollection(
-        tables_for(sizes, list(SPARSE), args.dim), seed=0, optimizer=optim[2], lr=optim[3], device=device,
+        tables_for(Features.categorical(dict(zip(list(SPARSE), sizes))).sparse, args.dim), seed=0, optimizer=optim[2], lr=optim[3], device=device,
         output_dtype=out_dtype, storage_dtype=storage, check_ids=False, pre_reduce=not args.no_pre_reduce))
     if isinstance(model.interaction, DotInteraction):
         replace_module(model, "interaction", FusedDotInteraction.from_plain(model.interaction))

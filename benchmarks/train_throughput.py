@@ -24,6 +24,7 @@ import time
 import torch
 
 from ctrflow.models import build_model
+from ctrflow.features import Features
 from train_paths import ARCH, PRECISION_OPTIONS, SMALL_ARCH, build_path, precision_of, split_path
 
 MLPERF_TABLES = [39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10, 2208,
@@ -154,7 +155,7 @@ def train_and_score(name: str, args, sizes: list[int], device: torch.device, tra
     model, step = build_path(name, args, sizes, device, QUALITY_OPTIM[args.model])
     if name != "plain":  # the same starting tables as the plain path
         arch = (SMALL_ARCH if args.small else ARCH)[args.model]
-        plain_tables = build_model(args.model, sizes, args.dim, **arch).embeddings.full_weights()
+        plain_tables = build_model(args.model, Features.categorical(sizes, 13), args.dim, **arch).embeddings.full_weights()
         model.embeddings.weight.copy_(torch.cat(list(plain_tables.values())))
         del plain_tables
     for batch in train:

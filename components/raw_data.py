@@ -22,7 +22,7 @@ def raw_data(source: str, train_files: str, valid_files: str, raw: Output[Datase
     from pathlib import Path
 
     from ctrflow.cli import main
-    from ctrflow.data.criteo import expand_inputs
+    from ctrflow.preprocess.files import expand_inputs
     from ctrflow.errors import UserError
 
     def patterns(names: str) -> list:

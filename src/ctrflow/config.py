@@ -23,6 +23,7 @@ class ModelConfig:
     deep_mlp: tuple[int, ...] = (128, 64)  # the deep part of DCNv2 / DeepFM / Wide&Deep, then -> 1
     cross_layers: int = 3  # DCNv2
     cross_rank: int = 32  # DCNv2 low-rank factor of each cross layer
+    dropout: float = 0.0  # share of each hidden activation of the over arch / deep MLP dropped while training
 
     def arch_kwargs(self) -> dict[str, Any]:
         """The keyword arguments `build_model(self.name, ...)` takes for this architecture."""
@@ -33,7 +34,8 @@ class ModelConfig:
             "deepfm": {"bottom_mlp": self.bottom_mlp, "deep_mlp": self.deep_mlp},
             "wide_deep": {"deep_mlp": self.deep_mlp},
         }
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in per_model[self.name].items()}
+        return {**{k: (list(v) if isinstance(v, tuple) else v) for k, v in per_model[self.name].items()},
+                "dropout": self.dropout}
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ class DataConfig:
     shuffle: bool = True
     prefetch: int = 4  # batches prepared ahead by the loader thread
     # train split: auto (in memory when it fits: on the GPU within 1/16 of its memory, on the CPU
-    # within 1/4 of host memory per process; else streamed) | memory | stream (ctrflow.data.stream)
+    # within 1/4 of host memory per process; else streamed) | memory | stream (ctrflow.loaders.stream)
     loader: str = "auto"
     shuffle_window: int = 1 << 23  # stream: rows shuffled together (all lanes); 2 x 160 B each on host and device
     lanes: int = 8  # stream: the same global batches for any process count dividing it

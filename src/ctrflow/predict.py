@@ -20,7 +20,8 @@ import pyarrow.parquet as pq
 import torch
 from torch import nn
 
-from ctrflow.data.schema import DENSE, RAW_COLUMNS, SPARSE, Schema
+from ctrflow.schema import Schema
+from ctrflow.datasets.criteo.columns import DENSE, RAW_COLUMNS, SPARSE
 from ctrflow.errors import UserError
 from ctrflow.evaluate.metrics import auc
 from ctrflow.serve.ranking import ProbabilityModel
@@ -34,7 +35,7 @@ def load_for_data(checkpoint: str | os.PathLike, data: str | os.PathLike) -> tup
     A checkpoint trained on other vocabularies would silently score garbage; refuse it and
     name what differs.
     """
-    from ctrflow.train.checkpoint import check_schema, load_model
+    from ctrflow.checkpoint import check_schema, load_model
 
     model, schema, meta = load_model(checkpoint)
     check_schema(schema, Schema.load(data), f"{data}/schema.json")
@@ -72,7 +73,7 @@ def score(model: nn.Module, dense: np.ndarray, sparse: np.ndarray, batch_size: i
 
 def detect_layout(path: Path) -> bool:
     """True for the 40-column training layout (label first), False for Kaggle's 39-column test layout."""
-    from ctrflow.data.criteo import is_gzip
+    from ctrflow.preprocess.files import is_gzip
 
     try:
         with (gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")) as f:
@@ -90,8 +91,8 @@ def detect_layout(path: Path) -> bool:
 
 def transform_file(path: Path, vocab) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
     """(dense, sparse, labels or None) per block of a raw file, through the serving transform."""
-    from ctrflow.data.criteo import read_raw
-    from ctrflow.data.transform import transform_raw
+    from ctrflow.datasets.criteo.raw import read_raw
+    from ctrflow.preprocess.transform import transform_raw
 
     with_label = detect_layout(path)
     for block in read_raw(path, with_label=with_label):
@@ -121,7 +122,7 @@ def predict(checkpoint: str | os.PathLike, data: str | os.PathLike, inputs: Sequ
     `out` (.csv or .parquet) has a `probability` column in input row order, and `label` when
     the inputs carry labels (null for rows of a file in the test layout).
     """
-    from ctrflow.data.criteo import expand_inputs
+    from ctrflow.preprocess.files import expand_inputs
     from ctrflow.serve.preprocess import load_vocabularies
 
     out = Path(out)

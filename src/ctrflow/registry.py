@@ -23,7 +23,7 @@ import pandas as pd
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from ctrflow.data.schema import DENSE, SPARSE
+from ctrflow.datasets.criteo.columns import DENSE, SPARSE
 from ctrflow.errors import UserError
 
 CANDIDATE = "candidate"
@@ -206,12 +206,12 @@ def recomputed_auc(client: MlflowClient, tracking_uri: str, name: str, version,
     """AUC of a version's model on `data/split`, from the checkpoint inside its pyfunc artifact."""
     from mlflow.artifacts import download_artifacts
 
-    from ctrflow.data.loader import ParquetDataset
-    from ctrflow.data.schema import Schema
+    from ctrflow.loaders.memory import ParquetDataset
+    from ctrflow.schema import Schema
     from ctrflow.evaluate.metrics import auc
     from ctrflow.predict import score_logits
     from ctrflow.serve.ranking import load_ranking_model
-    from ctrflow.train.checkpoint import check_schema
+    from ctrflow.checkpoint import check_schema
 
     source = client.get_model_version_download_uri(name, version.version).rstrip("/")
     with tempfile.TemporaryDirectory(prefix="ctrflow-promote-") as tmp, quiet_artifact_transfers():

@@ -12,6 +12,7 @@ from torch import nn
 
 from ctrflow.models import build_model
 from ctrflow.train.fp8 import E4M3, E5M2, Fp8Linear, apply_fp8
+from ctrflow.features import Features
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
@@ -48,7 +49,7 @@ def test_fp8_linear_matches_bf16_linear(rowwise, grad_dtype, fast):
 
 
 def _dcn(fp8: str) -> nn.Module:
-    model = build_model("dcnv2", [50] * 26, 32, bottom_mlp=(64,), deep_mlp=(512, 256),
+    model = build_model("dcnv2", Features.categorical([50] * 26, 13), 32, bottom_mlp=(64,), deep_mlp=(512, 256),
                         cross_layers=2, cross_rank=512).to(CUDA)
     if fp8:
         # 864 = 27 x 32 wide: cross layers 864 <-> 512, deep 864 -> 512

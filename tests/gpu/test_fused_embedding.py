@@ -10,6 +10,7 @@ from ctrflow.embedding.collection import EmbeddingCollection
 from ctrflow.embedding.fused import FusedEmbeddingCollection
 from ctrflow.embedding.fused.reference import RowwiseAdagrad
 from ctrflow.embedding.tables import tables_for
+from ctrflow.features import Features
 
 pytestmark = pytest.mark.gpu
 SIZES = [5000, 3, 70000, 10, 1, 257]
@@ -24,7 +25,7 @@ def skewed_ids(batch: int, gen: torch.Generator) -> torch.Tensor:
 
 
 def plain_and_fused(dim: int, optimizer: str, lr: float, **options):
-    tables = tables_for(SIZES, [f"C{i + 1}" for i in range(len(SIZES))], dim)
+    tables = tables_for(Features.categorical(dict(zip([f"C{i + 1}" for i in range(len(SIZES))], SIZES))).sparse, dim)
     plain = EmbeddingCollection(tables, seed=3).to(CUDA)
     fused = FusedEmbeddingCollection.from_collection(plain, optimizer=optimizer, lr=lr, device=CUDA, **options)
     params = list(plain.weights.values())

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ctrflow.data.preprocess import preprocess
+from ctrflow.preprocess.run import preprocess
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
 from test_preprocess import random_rows, row, write  # noqa: E402

@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from train_fixtures import write_processed  # noqa: E402
 
 from ctrflow.config import DataConfig, TrainConfig  # noqa: E402
-from ctrflow.data.stream import StreamLoader  # noqa: E402
-from ctrflow.data.stream_plan import ParquetIndex  # noqa: E402
+from ctrflow.loaders.stream import StreamLoader  # noqa: E402
+from ctrflow.loaders.stream_plan import ParquetIndex  # noqa: E402
 from ctrflow.train.loop import train  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -78,8 +78,8 @@ def test_prefetched_epochs_on_cuda_give_the_cpu_batches(data):
 
 @pytest.mark.parametrize("rank,world", [(0, 1), (1, 2)])
 def test_cuda_scan_gives_the_rows_in_order(data, rank, world):
-    from ctrflow.data.loader import ParquetDataset
-    from ctrflow.data.scan import ScanLoader
+    from ctrflow.loaders.memory import ParquetDataset
+    from ctrflow.loaders.scan import ScanLoader
 
     loader = ScanLoader(ParquetIndex(data, "valid"), 256, rank=rank, world_size=world, table_sizes=[50] * 26,
                         device="cuda", window_rows=700, threads=4)

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from train_fixtures import write_processed  # noqa: E402
 
 from ctrflow.config import DataConfig, ModelConfig, OptimConfig, TrainConfig  # noqa: E402
-from ctrflow.train.checkpoint import load_model  # noqa: E402
+from ctrflow.checkpoint import load_model  # noqa: E402
 from ctrflow.train.loop import train  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

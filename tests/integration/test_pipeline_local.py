@@ -75,8 +75,8 @@ def assert_same_as_single_process(run_dir: Path, train: list, valid: list, **opt
     """The pipeline's fan-out output equals `ctrflow preprocess` in one process on the same raw files."""
     import pyarrow.parquet as pq
 
-    from ctrflow.data.preprocess import preprocess
-    from ctrflow.data.schema import Schema
+    from ctrflow.preprocess.run import preprocess
+    from ctrflow.schema import Schema
 
     raw, data = run_dir / "raw-data" / "raw", run_dir / "finalize-data" / "data"
     single = run_dir.parent / f"{run_dir.name}-single"

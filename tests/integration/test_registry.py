@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from ctrflow.cli import main
-from ctrflow.data.schema import DENSE, SPARSE
+from ctrflow.datasets.criteo.columns import DENSE, SPARSE
 
 mlflow = pytest.importorskip("mlflow")
 pytestmark = pytest.mark.integration

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ctrflow.train.checkpoint import load_model
+from ctrflow.checkpoint import load_model
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
 from train_fixtures import write_processed  # noqa: E402

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from ctrflow.config import small_config
-from ctrflow.data.preprocess import preprocess
-from ctrflow.data.synth import synthesize
+from ctrflow.preprocess.run import preprocess
+from ctrflow.datasets.criteo.synth import synthesize
 from ctrflow.train.loop import train
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from ctrflow.cli import main
-from ctrflow.data.schema import DENSE, SPARSE
+from ctrflow.datasets.criteo.columns import DENSE, SPARSE
 from ctrflow.serve.tritonserver import TritonServer, find_serving_venv
 
 pytestmark = pytest.mark.integration

@@ -19,8 +19,8 @@ _BUILT: dict[str, Path] = {}
 def processed_data(factory) -> tuple[Path, Path]:
     """(raw dir with day_0.tsv and day_1.tsv, processed dir): 600 synthetic rows a day (cached)."""
     if "data" not in _BUILT:
-        from ctrflow.data.preprocess import preprocess
-        from ctrflow.data.synth import synthesize
+        from ctrflow.preprocess.run import preprocess
+        from ctrflow.datasets.criteo.synth import synthesize
 
         root = factory.mktemp("serving-data")
         synthesize(root / "raw", rows=600, days=2, seed=3)
@@ -34,9 +34,9 @@ def checkpoint(factory, model: str = "dlrm") -> Path:
     """A seeded, untrained checkpoint of `model` for `processed_data`, written by the checkpoint code."""
     if model not in _BUILT:
         from ctrflow.config import ModelConfig, TrainConfig
-        from ctrflow.data.schema import Schema
+        from ctrflow.schema import Schema
         from ctrflow.models import build_model
-        from ctrflow.train.checkpoint import save_checkpoint
+        from ctrflow.checkpoint import save_checkpoint
         from ctrflow.train.distributed import Runtime
         from ctrflow.train.optim import build_optimizers
 
@@ -122,7 +122,7 @@ def load_python_model(monkeypatch, model_py: Path, instance_kind: str = "CPU"):
 
 def raw_requests(path: Path, rows: slice) -> dict[str, np.ndarray]:
     """Lines of a 40-column raw file as Triton BYTES inputs: {field: object array [B, 1]}."""
-    from ctrflow.data.schema import DENSE, SPARSE
+    from ctrflow.datasets.criteo.columns import DENSE, SPARSE
 
     lines = path.read_bytes().split(b"\n")[rows]
     fields = [line.split(b"\t")[1:] for line in lines]

@@ -9,15 +9,17 @@ import torch
 import torch.nn.functional as F
 
 from ctrflow.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
-from ctrflow.data.schema import SPARSE, Schema
+from ctrflow.schema import Schema
+from ctrflow.datasets.criteo.columns import SPARSE
 from ctrflow.errors import UserError
 from ctrflow.models import build_model
-from ctrflow.train.checkpoint import check_schema, load_model, restore_checkpoint, save_checkpoint
+from ctrflow.checkpoint import check_schema, load_model, restore_checkpoint, save_checkpoint
 from ctrflow.train.distributed import init_runtime
 from ctrflow.train.optim import build_optimizers
+from ctrflow.datasets.criteo.columns import criteo_features
 from train_fixtures import one_thread  # noqa: F401 (autouse fixture)
 
-SCHEMA = Schema(cardinalities={c: 20 for c in SPARSE}, freq_threshold=1, rows={"train": 1}, vocab_hash="abc")
+SCHEMA = Schema(cardinalities={c: 20 for c in SPARSE}, features=criteo_features({c: 20 for c in SPARSE}), freq_threshold=1, rows={"train": 1}, vocab_hash="abc")
 
 
 def trained(name="deepfm", steps=3):
@@ -86,7 +88,8 @@ def test_a_changed_file_is_detected(tmp_path):
 
 
 def test_schema_mismatch_names_what_differs():
-    other = Schema(cardinalities={**SCHEMA.cardinalities, "C7": 21}, freq_threshold=1, rows={}, vocab_hash="abd")
+    other = Schema(cardinalities={**SCHEMA.cardinalities, "C7": 21},
+                   features=criteo_features({**SCHEMA.cardinalities, "C7": 21}), freq_threshold=1, rows={}, vocab_hash="abd")
     with pytest.raises(UserError, match="C7 cardinality 20 != 21; vocab_hash"):
         check_schema(SCHEMA, other, "data/schema.json")
 

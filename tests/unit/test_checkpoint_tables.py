@@ -11,18 +11,21 @@ import torch
 import torch.nn.functional as F
 
 from ctrflow.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
-from ctrflow.data.schema import SPARSE, Schema
+from ctrflow.schema import Schema
+from ctrflow.datasets.criteo.columns import SPARSE
 from ctrflow.errors import UserError
 from ctrflow.models import build_model, embedding_collections
-from ctrflow.train.checkpoint import (load_model, model_meta, model_state, read_meta, restore_checkpoint, rng_state,
+from ctrflow.checkpoint import (load_model, model_meta, model_state, read_meta, restore_checkpoint, rng_state,
                                       save_checkpoint, sha256)
-from ctrflow.train.checkpoint_tables import read_model_state
+from ctrflow.checkpoint.tables import read_model_state
 from ctrflow.train.distributed import init_runtime
 from ctrflow.train.fused import FusedTables, apply_fused
 from ctrflow.train.optim import build_optimizers
+from ctrflow.datasets.criteo.columns import criteo_features
 from train_fixtures import one_thread  # noqa: F401 (autouse fixture)
 
-SCHEMA = Schema(cardinalities={c: 20 + i for i, c in enumerate(SPARSE)}, freq_threshold=1, rows={"train": 1},
+SCHEMA = Schema(cardinalities={c: 20 + i for i, c in enumerate(SPARSE)},
+                features=criteo_features({c: 20 + i for i, c in enumerate(SPARSE)}), freq_threshold=1, rows={"train": 1},
                 vocab_hash="abc")
 CASES = [("sgd", False), ("adagrad", False), ("adam", False), ("lazy_adam", False),
          ("sgd", True), ("adagrad", True), ("lazy_adam", True)]

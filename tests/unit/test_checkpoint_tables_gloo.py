@@ -18,7 +18,7 @@ import ctrflow.embedding.sharded as sharded
 from ctrflow.embedding.collection import deferred_tables
 from ctrflow.errors import UserError
 from ctrflow.models import build_model
-from ctrflow.train.checkpoint import restore_checkpoint, save_checkpoint
+from ctrflow.checkpoint import restore_checkpoint, save_checkpoint
 from ctrflow.train.distributed import Runtime, parallelize
 from ctrflow.train.fused import FusedTables, fused_collections, sharded_options
 from ctrflow.train.optim import build_optimizers, sparse_memory

@@ -14,8 +14,8 @@ pytest.importorskip("kfp")
 from kfp import dsl  # noqa: E402
 
 import components  # noqa: E402
-from ctrflow.data.preprocess import preprocess  # noqa: E402
-from ctrflow.data.schema import Schema  # noqa: E402
+from ctrflow.preprocess.run import preprocess  # noqa: E402
+from ctrflow.schema import Schema
 
 OFF = {"tracking_uri": "none"}  # module fixtures run before conftest's per-test tracking switch
 

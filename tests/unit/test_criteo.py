@@ -8,9 +8,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from ctrflow.data.criteo import (count_lines, expand_inputs, parse_block, parse_integers, plan_blocks, read_block,
-                                 read_raw)
-from ctrflow.data.vocab import encode_keys, keys_to_strings
+from ctrflow.preprocess.files import expand_inputs, plan_blocks, read_block
+from ctrflow.datasets.criteo.raw import count_lines, parse_block, parse_integers, read_raw
+from ctrflow.preprocess.vocab import encode_keys, keys_to_strings
 from ctrflow.errors import UserError
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ctrflow.data.batch import Batch
+from ctrflow.loaders.batch import Batch
 from ctrflow.embedding.fused.interaction import FusedDotInteraction
 from ctrflow.embedding.fused.sharded import FusedShardedEmbeddingCollection
 from ctrflow.embedding.fused.sharded_model import read_exchange_layout
@@ -20,6 +20,7 @@ from ctrflow.train.dense_average import DenseAverage
 from ctrflow.train.fused import FusedTables
 from ctrflow.train.loop import train_step
 from ctrflow.train.optim import Optimizers
+from ctrflow.features import Features
 
 SIZES = [5 + 3 * i for i in range(26)]
 
@@ -38,7 +39,7 @@ def _batches(rank: int, world: int, steps: int, batch: int) -> list[Batch]:
 
 def _train(rank: int, world: int, mode: str, steps: int = 4, batch: int = 24) -> dict:
     """DLRM on fused sharded tables (two whole, the rest replicated); `mode` "ddp" or "average"."""
-    model = build_model("dlrm", SIZES, 16, seed=1, bottom_mlp=(32, 16), top_mlp=(32, 1))
+    model = build_model("dlrm", Features.categorical(SIZES, 13), 16, seed=1, bottom_mlp=(32, 16), top_mlp=(32, 1))
     plan = plan_sharding(model.embeddings.tables, world, "auto", overrides={"t_C1": "table", "t_C9": "table"})
     coll = FusedShardedEmbeddingCollection.from_collection(model.embeddings, plan, device="cpu",
                                                            optimizer="adam", lr=0.05)
@@ -79,7 +80,7 @@ def _worker(rank: int, world: int, store: str, results) -> None:
 
 def _train_start(key: str) -> torch.Tensor:
     """Rank 0's initial value of a dense parameter (what both modes start from)."""
-    model = build_model("dlrm", SIZES, 16, seed=1, bottom_mlp=(32, 16), top_mlp=(32, 1))
+    model = build_model("dlrm", Features.categorical(SIZES, 13), 16, seed=1, bottom_mlp=(32, 16), top_mlp=(32, 1))
     return model.state_dict()[key]
 
 

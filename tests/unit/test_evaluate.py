@@ -9,6 +9,7 @@ import pytest
 
 from ctrflow.evaluate import compute_metrics
 from ctrflow.evaluate.metrics import auc, calibration, logloss, roc_curve
+from ctrflow.features import Features
 
 
 def _pairwise_auc(labels, scores):
@@ -76,9 +77,9 @@ def test_evaluate_cli_writes_metrics_and_plots(tmp_path, tmp_path_factory, capsy
     from serving_fixtures import checkpoint, processed_data
 
     from ctrflow.cli import main
-    from ctrflow.data.loader import ParquetDataset
+    from ctrflow.loaders.memory import ParquetDataset
     from ctrflow.predict import score_logits
-    from ctrflow.train.checkpoint import load_model
+    from ctrflow.checkpoint import load_model
 
     _, data = processed_data(tmp_path_factory)
     ckpt = checkpoint(tmp_path_factory)
@@ -103,13 +104,15 @@ def test_evaluate_refuses_checkpoint_of_other_data(tmp_path, tmp_path_factory, c
     from serving_fixtures import checkpoint, processed_data
 
     from ctrflow.cli import main
-    from ctrflow.data.schema import Schema
+    from ctrflow.datasets.criteo.columns import criteo_features
+    from ctrflow.schema import Schema
 
     _, data = processed_data(tmp_path_factory)
     other = tmp_path / "other"
     shutil.copytree(data, other)
     schema = Schema.load(other)
-    Schema(cardinalities=dict(schema.cardinalities, C7=schema.cardinalities["C7"] + 1), freq_threshold=2,
+    cards = dict(schema.cardinalities, C7=schema.cardinalities["C7"] + 1)
+    Schema(cardinalities=cards, features=criteo_features(cards), freq_threshold=2,
            rows=schema.rows, vocab_hash=schema.vocab_hash).save(other / "schema.json")
     code = main(["evaluate", "--data", str(other), "--checkpoint", str(checkpoint(tmp_path_factory)),
                  "--out", str(tmp_path / "eval")])
@@ -117,20 +120,20 @@ def test_evaluate_refuses_checkpoint_of_other_data(tmp_path, tmp_path_factory, c
     assert "C7 cardinality" in capsys.readouterr().err
 
 
-# --- validation streamed in order (ctrflow.data.scan) vs the split read whole ---------------------------------
+# --- validation streamed in order (ctrflow.loaders.scan) vs the split read whole ---------------------------------
 
 
 def _model():
     from ctrflow.models import build_model
 
-    return build_model("dlrm", [20] * 26, 8, seed=3).eval()
+    return build_model("dlrm", Features.categorical([20] * 26, 13), 8, seed=3).eval()
 
 
 def _in_memory_metrics(data):
     """Today's reference: the whole valid split in memory, scored in order, metrics on every row."""
     import torch
 
-    from ctrflow.data.loader import BatchLoader, ParquetDataset
+    from ctrflow.loaders.memory import BatchLoader, ParquetDataset
 
     loader = BatchLoader(ParquetDataset(data, "valid", [20] * 26), 64, shuffle=False, drop_last=False, prefetch=0)
     with torch.no_grad():
@@ -146,8 +149,8 @@ def _validate_share(rank, world, data, store, results, fused_sharded=False):
     import torch
     import torch.distributed as dist
 
-    from ctrflow.data.scan import ScanLoader
-    from ctrflow.data.stream_plan import ParquetIndex
+    from ctrflow.loaders.scan import ScanLoader
+    from ctrflow.loaders.stream_plan import ParquetIndex
     from ctrflow.train.distributed import Runtime
     from ctrflow.train.validate import validate
 

@@ -148,13 +148,14 @@ def test_malformed_field_gets_error_response_naming_it(exported, monkeypatch):
 def test_checkpoint_from_other_data_is_refused(exported, tmp_path, tmp_path_factory):
     import shutil
 
-    from ctrflow.data.schema import Schema
+    from ctrflow.datasets.criteo.columns import criteo_features
+    from ctrflow.schema import Schema
 
     other = tmp_path / "other"
     shutil.copytree(exported["data"], other)
     schema = Schema.load(other)
     cards = dict(schema.cardinalities, C3=schema.cardinalities["C3"] + 5)
-    Schema(cardinalities=cards, freq_threshold=schema.freq_threshold, rows=schema.rows,
+    Schema(cardinalities=cards, features=criteo_features(cards), freq_threshold=schema.freq_threshold, rows=schema.rows,
            vocab_hash="0" * 64).save(other / "schema.json")
     with pytest.raises(UserError, match="C3 cardinality"):
         export(checkpoint(tmp_path_factory), other, tmp_path / "repo", "ctr")

@@ -14,11 +14,12 @@ from ctrflow.train.distributed import Runtime
 from ctrflow.train.fp8 import Fp8Linear, apply_fp8, quantize_rows
 from ctrflow.train.fused import autocast_dtype
 from ctrflow.train.graphs import compile_dense, use_compile
+from ctrflow.features import Features
 
 
 def dcn() -> nn.Module:
     # 27 x 32 = 864 wide: cross layers 864 <-> 512 and the deep MLP's 864 -> 512 are >= 512 wide
-    return build_model("dcnv2", [5] * 26, 32, bottom_mlp=(16,), deep_mlp=(512, 64), cross_layers=2, cross_rank=512)
+    return build_model("dcnv2", Features.categorical([5] * 26, 13), 32, bottom_mlp=(16,), deep_mlp=(512, 64), cross_layers=2, cross_rank=512)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -76,7 +77,7 @@ def test_fp8_is_refused_off_cuda():
 
 @pytest.mark.parametrize("name", ["dcnv2", "dlrm"])
 def test_compiled_dense_parts_keep_the_checkpoint_keys(name):
-    model = dcn() if name == "dcnv2" else build_model("dlrm", [5] * 26, 16, bottom_mlp=(8,), top_mlp=(8,))
+    model = dcn() if name == "dcnv2" else build_model("dlrm", Features.categorical([5] * 26, 13), 16, bottom_mlp=(8,), top_mlp=(8,))
     keys = list(model.state_dict())
     assert compile_dense(model)  # lazy: nothing is built until the first call
     assert list(model.state_dict()) == keys  # checkpoints see the plain model's keys

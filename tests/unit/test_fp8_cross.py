@@ -12,6 +12,7 @@ from ctrflow.models import build_model
 from ctrflow.models.layers import LowRankCrossNet
 from ctrflow.train.fp8 import E5M2, Fp8Linear, apply_fp8
 from ctrflow.train.fp8_cross import AbsorbedFp8Linear, Fp8CrossNet, dx0_reference
+from ctrflow.features import Features
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -77,7 +78,7 @@ def test_x0_gradient_pass_sums_every_layers_terms():
 
 
 def test_apply_fp8_swaps_only_cross_layers_it_can_fuse():
-    model = build_model("dcnv2", [5] * 26, 32, bottom_mlp=(16,), deep_mlp=(512, 64), cross_layers=2, cross_rank=512)
+    model = build_model("dcnv2", Features.categorical([5] * 26, 13), 32, bottom_mlp=(16,), deep_mlp=(512, 64), cross_layers=2, cross_rank=512)
     keys = list(model.state_dict())
     unfused, widening, alone = copy.deepcopy(model), copy.deepcopy(model), copy.deepcopy(model)
     assert apply_fp8(model) == 5
@@ -109,7 +110,7 @@ def test_fused_cross_training_steps_track_the_plain_layers():
 
 def test_dcnv2_with_the_absorbed_deep_layer_is_as_accurate_as_the_layers_own_fp8_formula():
     torch.manual_seed(3)
-    plain = build_model("dcnv2", [5] * 26, 32, bottom_mlp=(16,), deep_mlp=(512, 64), cross_layers=2, cross_rank=512)
+    plain = build_model("dcnv2", Features.categorical([5] * 26, 13), 32, bottom_mlp=(16,), deep_mlp=(512, 64), cross_layers=2, cross_rank=512)
     fused, own = copy.deepcopy(plain), copy.deepcopy(plain)
     apply_fp8(fused)
     apply_fp8(own, fuse_cross=False)

@@ -10,9 +10,10 @@ from ctrflow.embedding.fused import FusedEmbeddingCollection
 from ctrflow.embedding.fused.reference import RowwiseAdagrad
 from ctrflow.embedding.tables import tables_for
 from ctrflow.errors import UserError
+from ctrflow.features import Features
 
 SIZES = [50, 3, 700, 10]
-TABLES = tables_for(SIZES, ["C1", "C2", "C3", "C4"], 8)
+TABLES = tables_for(Features.categorical(dict(zip(["C1", "C2", "C3", "C4"], SIZES))).sparse, 8)
 
 
 def batches(steps: int, batch: int = 64):

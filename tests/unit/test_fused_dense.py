@@ -8,6 +8,7 @@ from ctrflow.embedding.fused.dense import align_linear_inputs
 from ctrflow.embedding.fused.interaction import FusedDotInteraction
 from ctrflow.models import build_model
 from ctrflow.models.layers import DotInteraction
+from ctrflow.features import Features
 
 
 def test_fused_dot_interaction_equals_plain_on_cpu():
@@ -18,14 +19,14 @@ def test_fused_dot_interaction_equals_plain_on_cpu():
 
 
 def test_dlrm_pads_the_top_mlp_input_like_mlperf():
-    model = build_model("dlrm", [3] * 26, 128, bottom_mlp=(8,), top_mlp=(8,))
+    model = build_model("dlrm", Features.categorical([3] * 26, 13), 128, bottom_mlp=(8,), top_mlp=(8,))
     assert model.over_arch[0].in_features == 480  # 128 + 351 = 479, padded
 
 
 def test_aligned_dlrm_gives_the_same_logits():
     sizes = [7] * 26
-    model = build_model("dlrm", sizes, 16, bottom_mlp=(32,), top_mlp=(24,))
-    aligned = build_model("dlrm", sizes, 16, bottom_mlp=(32,), top_mlp=(24,))
+    model = build_model("dlrm", Features.categorical(sizes, 13), 16, bottom_mlp=(32,), top_mlp=(24,))
+    aligned = build_model("dlrm", Features.categorical(sizes, 13), 16, bottom_mlp=(32,), top_mlp=(24,))
     assert align_linear_inputs(aligned) == 1  # 13 dense inputs (the model pads the top MLP's itself)
     dense, ids = torch.rand(9, 13), torch.randint(0, 7, (9, 26))
     torch.testing.assert_close(aligned(dense, ids), model(dense, ids))

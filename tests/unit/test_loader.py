@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from ctrflow.data.loader import BatchLoader, ParquetDataset
+from ctrflow.loaders.memory import BatchLoader, ParquetDataset
 from ctrflow.errors import UserError
 from train_fixtures import one_thread, write_processed  # noqa: F401 (autouse fixture)
 
@@ -99,10 +99,10 @@ def test_device_resident_split_gives_the_same_batches(train_set, shuffle, rank, 
             assert x.dtype == y.dtype and torch.equal(x, y)
 
 
-# --- streaming loader (ctrflow.data.stream): row groups through lanes and shuffle windows ---------------------
+# --- streaming loader (ctrflow.loaders.stream): row groups through lanes and shuffle windows ---------------------
 
-from ctrflow.data.stream import StreamLoader, choose_loader  # noqa: E402
-from ctrflow.data.stream_plan import ParquetIndex  # noqa: E402
+from ctrflow.loaders.stream import StreamLoader, choose_loader  # noqa: E402
+from ctrflow.loaders.stream_plan import ParquetIndex  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -256,9 +256,9 @@ def test_ids_beyond_32_bits_are_named_not_truncated(tmp_path):
         ParquetDataset(root, "train")
 
 
-# --- evaluation scan (ctrflow.data.scan): the whole split in order, one contiguous share per process ----------
+# --- evaluation scan (ctrflow.loaders.scan): the whole split in order, one contiguous share per process ----------
 
-from ctrflow.data.scan import ScanLoader  # noqa: E402
+from ctrflow.loaders.scan import ScanLoader  # noqa: E402
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])

@@ -7,10 +7,11 @@ import torch
 import torch.nn.functional as F
 
 from ctrflow.config import ModelConfig, OptimConfig
-from ctrflow.data.schema import SPARSE
+from ctrflow.datasets.criteo.columns import SPARSE
 from ctrflow.embedding.collection import EmbeddingCollection
 from ctrflow.models import MODELS, build_model, embedding_collections, replace_module
 from ctrflow.train.optim import build_optimizers
+from ctrflow.features import Features
 from train_fixtures import one_thread  # noqa: F401 (autouse fixture)
 
 SIZES = [30 + i for i in range(len(SPARSE))]
@@ -28,7 +29,7 @@ def tiny_problem(rows: int = 256, seed: int = 0):
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_every_model_maps_a_batch_to_one_logit_per_row(name):
-    model = build_model(name, SIZES, 8, **ModelConfig(name=name, cross_rank=4).arch_kwargs())
+    model = build_model(name, Features.categorical(SIZES, 13), 8, **ModelConfig(name=name, cross_rank=4).arch_kwargs())
     dense, sparse, _ = tiny_problem(7)
     logits = model(dense, sparse)
     assert logits.shape == (7,)
@@ -38,7 +39,7 @@ def test_every_model_maps_a_batch_to_one_logit_per_row(name):
 @pytest.mark.parametrize("name", list(MODELS))
 def test_every_model_learns_tiny_data(name):
     torch.manual_seed(0)
-    model = build_model(name, SIZES, 8, **ModelConfig(name=name, cross_rank=4).arch_kwargs())
+    model = build_model(name, Features.categorical(SIZES, 13), 8, **ModelConfig(name=name, cross_rank=4).arch_kwargs())
     optimizers = build_optimizers(model, OptimConfig(lr=3e-3, sparse_lr=0.05))
     dense, sparse, labels = tiny_problem()
     losses = []
@@ -53,8 +54,8 @@ def test_every_model_learns_tiny_data(name):
 
 def test_same_seed_builds_the_same_weights_and_leaves_global_rng_alone():
     state = torch.get_rng_state()
-    a, b = build_model("dlrm", SIZES, 8, seed=3), build_model("dlrm", SIZES, 8, seed=3)
-    c = build_model("dlrm", SIZES, 8, seed=4)
+    a, b = build_model("dlrm", Features.categorical(SIZES, 13), 8, seed=3), build_model("dlrm", Features.categorical(SIZES, 13), 8, seed=3)
+    c = build_model("dlrm", Features.categorical(SIZES, 13), 8, seed=4)
     assert torch.equal(torch.get_rng_state(), state)
     for (name, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters()):
         assert torch.equal(pa, pb), name
@@ -62,7 +63,7 @@ def test_same_seed_builds_the_same_weights_and_leaves_global_rng_alone():
 
 
 def test_embedding_collections_finds_every_table_and_can_swap_one():
-    model = build_model("deepfm", SIZES, 8)
+    model = build_model("deepfm", Features.categorical(SIZES, 13), 8)
     collections = embedding_collections(model)
     assert sorted(collections) == ["embeddings", "linear_embeddings"]
     assert collections["linear_embeddings"].embedding_dim == 1
@@ -73,4 +74,4 @@ def test_embedding_collections_finds_every_table_and_can_swap_one():
 
 def test_unknown_model_is_refused_with_the_choices():
     with pytest.raises(ValueError, match="dlrm"):
-        build_model("transformer", SIZES, 8)
+        build_model("transformer", Features.categorical(SIZES, 13), 8)

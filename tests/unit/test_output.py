@@ -8,8 +8,8 @@ import zlib
 
 import pytest
 
-from ctrflow.data import output
-from ctrflow.data.output import file_digest, file_digests
+from ctrflow.preprocess import output
+from ctrflow.preprocess.output import file_digest, file_digests
 from ctrflow.errors import UserError
 
 

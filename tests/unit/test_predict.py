@@ -11,10 +11,10 @@ import pytest
 from serving_fixtures import checkpoint, processed_data
 
 from ctrflow.cli import main
-from ctrflow.data.loader import ParquetDataset
+from ctrflow.loaders.memory import ParquetDataset
 from ctrflow.errors import UserError
 from ctrflow.predict import predict, score
-from ctrflow.train.checkpoint import load_model
+from ctrflow.checkpoint import load_model
 
 
 @pytest.fixture(scope="module")

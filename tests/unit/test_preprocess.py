@@ -13,12 +13,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from ctrflow.cli import main
-from ctrflow.data import output
-from ctrflow.data.output import file_digest
-from ctrflow.data.preprocess import preprocess
-from ctrflow.data.schema import DENSE, SPARSE, Schema
-from ctrflow.data.transform import transform_raw
-from ctrflow.data.vocab import Vocabularies
+from ctrflow.preprocess import output
+from ctrflow.preprocess.output import file_digest
+from ctrflow.preprocess.run import preprocess
+from ctrflow.schema import Schema
+from ctrflow.datasets.criteo.columns import DENSE, SPARSE
+from ctrflow.preprocess.transform import transform_raw
+from ctrflow.preprocess.vocab import Vocabularies
 from ctrflow.errors import UserError
 
 

@@ -11,13 +11,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-import ctrflow.data.preprocess as preprocess_module
-from ctrflow.data.parallel import WorkerPool, worker_index
-from ctrflow.data.parsing import parse_block
-from ctrflow.data.preprocess import preprocess
-from ctrflow.data.schema import DENSE, SPARSE
-from ctrflow.data.transform import transform_raw
-from ctrflow.data.vocab import Vocabularies, encode_keys
+import ctrflow.preprocess.run as preprocess_module
+from ctrflow.preprocess.parallel import WorkerPool, worker_index
+from ctrflow.datasets.criteo.parsing import parse_block
+from ctrflow.preprocess.run import preprocess
+from ctrflow.datasets.criteo.columns import DENSE, SPARSE
+from ctrflow.preprocess.transform import transform_raw
+from ctrflow.preprocess.vocab import Vocabularies, encode_keys
 from ctrflow.errors import UserError
 from test_preprocess import random_rows, row, write
 

@@ -8,8 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from ctrflow.cli import main
-from ctrflow.data.preprocess import preprocess
-from ctrflow.data.schema import Schema
+from ctrflow.preprocess.run import preprocess
+from ctrflow.schema import Schema
 from test_preprocess import random_rows, row, write
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format
 
-from ctrflow.data.preprocess import preprocess
-from ctrflow.data.schema import DENSE, SPARSE, Schema
+from ctrflow.preprocess.run import preprocess
+from ctrflow.schema import Schema
+from ctrflow.datasets.criteo.columns import DENSE, SPARSE
 from test_preprocess import random_rows, write
 
 _FIELDS = {  # the subset of tensorflow_metadata's schema.proto that Merlin writes for tabular columns

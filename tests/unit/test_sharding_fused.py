@@ -15,6 +15,7 @@ from ctrflow.embedding.fused import FusedEmbeddingCollection
 from ctrflow.embedding.fused.sharded import FusedShardedEmbeddingCollection
 from ctrflow.embedding.plan import plan_sharding
 from ctrflow.embedding.tables import TableConfig
+from ctrflow.features import Features
 
 MIXED = {"t_a": "table", "t_b": "row", "t_c": "data", "t_d": "row"}
 # name -> (plan, optimizer, micro-batches per step: `prefetch`ed chunks, one update for all of them)
@@ -104,7 +105,7 @@ def train_dlrm(rank, world, device, dim, chunks, in_place, deferred=False, steps
 
     sizes = [5 + 3 * i for i in range(26)]
     gen = torch.Generator().manual_seed(2)
-    model = build_model("dlrm", sizes, dim, seed=1)
+    model = build_model("dlrm", Features.categorical(sizes, 13), dim, seed=1)
     plan = plan_sharding(model.embeddings.tables, world, "auto", overrides={"t_C1": "table", "t_C9": "table"})
     model.embeddings = FusedShardedEmbeddingCollection.from_collection(model.embeddings, plan, device=device,
                                                                        optimizer="adam", lr=0.05)

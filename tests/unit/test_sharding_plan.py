@@ -10,11 +10,12 @@ import torch
 from ctrflow.embedding.plan import ShardingPlan, plan_sharding, read_plan_overrides
 from ctrflow.embedding.tables import TableConfig, check_ids, tables_for
 from ctrflow.errors import UserError
+from ctrflow.features import Features
 
 # MLPerf Criteo-1TB DLRM table sizes (40M-capped), as in issue 4
 MLPERF_ROWS = [39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10, 2208,
                11938, 155, 4, 976, 14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36]
-MLPERF = tables_for(MLPERF_ROWS, [f"C{i + 1}" for i in range(26)], 128)
+MLPERF = tables_for(Features.categorical(dict(zip([f"C{i + 1}" for i in range(26)], MLPERF_ROWS))).sparse, 128)
 
 
 def test_auto_plan_balances_mlperf_tables_over_four_ranks():

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from ctrflow.cli import main
-from ctrflow.data.schema import RAW_COLUMNS, SPARSE
-from ctrflow.data.synth import MISSING_GROUPS, column_keys, hex_column, synthesize
-from ctrflow.data.teacher import AucCounter, CODES
+from ctrflow.datasets.criteo.columns import RAW_COLUMNS, SPARSE
+from ctrflow.datasets.criteo.synth import MISSING_GROUPS, column_keys, hex_column, synthesize
+from ctrflow.datasets.teacher import AucCounter, CODES
 
 ROWS = 20_000
 HEX8 = re.compile(r"[0-9a-f]{8}")

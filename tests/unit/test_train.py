@@ -13,8 +13,9 @@ import pytest
 from ctrflow.cli import main
 from ctrflow.config import DataConfig, TrainConfig
 from ctrflow.errors import UserError
-from ctrflow.train.checkpoint import load_model, resolve_checkpoint
+from ctrflow.checkpoint import load_model, resolve_checkpoint
 from ctrflow.train.loop import train
+from ctrflow.features import Features
 from train_fixtures import one_thread, write_processed  # noqa: F401 (autouse fixture)
 
 
@@ -131,7 +132,7 @@ def test_dense_adam_state_loads_whatever_kernels_the_saving_run_used():
 
     def run(flags: dict, state=None):
         torch.manual_seed(0)
-        model = build_model("dlrm", [5] * 26, 8, bottom_mlp=(16,), top_mlp=(8,))
+        model = build_model("dlrm", Features.categorical([5] * 26, 13), 8, bottom_mlp=(16,), top_mlp=(8,))
         opts = build_optimizers(model, OptimConfig(dense="adam", sparse="sgd"))
         for group in opts.dense.param_groups:
             group.update(flags)

@@ -14,10 +14,11 @@ from ctrflow.embedding.fused import FusedEmbeddingCollection
 from ctrflow.errors import UserError
 from ctrflow.models import build_model
 from ctrflow.train import fused as fused_path
-from ctrflow.train.checkpoint import load_model, resolve_checkpoint
-from ctrflow.train.checkpoint_tables import read_model_state, read_optimizer_state
+from ctrflow.checkpoint import load_model, resolve_checkpoint
+from ctrflow.checkpoint.tables import read_model_state, read_optimizer_state
 from ctrflow.train.distributed import Runtime
 from ctrflow.train.loop import train
+from ctrflow.features import Features
 from train_fixtures import one_thread, write_processed  # noqa: F401 (autouse fixture)
 
 
@@ -64,7 +65,7 @@ def test_fused_path_takes_its_own_optimizer_state_and_refuses_what_it_lacks(data
     cfg = config(data_dir, tmp_path / "x", optim=OptimConfig(sparse="adagrad"))
     runtime = Runtime(0, 1, 0, torch.device("cpu"))
     assert fused_path.use_fused(cfg, runtime)
-    model = build_model("deepfm", [30] * 26, 16)
+    model = build_model("deepfm", Features.categorical([30] * 26, 13), 16)
     found = fused_path.apply_fused(model, cfg.optim, torch.device("cpu"), None)
     assert list(found) == ["embeddings"]  # the dim-1 first-order tables stay plain
     assert isinstance(model.embeddings, FusedEmbeddingCollection)

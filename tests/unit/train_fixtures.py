@@ -11,7 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from ctrflow.data.schema import DENSE, LABEL, SPARSE, Schema
+from ctrflow.schema import LABEL, Schema
+from ctrflow.datasets.criteo.columns import DENSE, SPARSE
+from ctrflow.datasets.criteo.columns import criteo_features
 
 
 def write_processed(root: Path, train_rows: int = 4096, valid_rows: int = 2048, cardinality: int = 40,
@@ -31,7 +33,8 @@ def write_processed(root: Path, train_rows: int = 4096, valid_rows: int = 2048, 
             columns = {LABEL: labels[rows_k], **{c: dense[rows_k, i] for i, c in enumerate(DENSE)},
                        **{c: sparse[rows_k, i] for i, c in enumerate(SPARSE)}}
             pq.write_table(pa.table(columns), root / split / f"part-{k:05d}.parquet")
-    Schema(cardinalities={c: cardinality for c in SPARSE}, freq_threshold=1,
+    Schema(cardinalities={c: cardinality for c in SPARSE}, features=criteo_features({c: cardinality for c in SPARSE}),
+           freq_threshold=1,
            rows={"train": train_rows, "valid": valid_rows}, vocab_hash=f"test-{seed}-{cardinality}").save(
         root / "schema.json")
     return root

@@ -1,7 +1,7 @@
 """`ctrflow preprocess`: raw Criteo TSV (plain or gzip, globs) → Parquet + schema + vocabularies.
 
 `ctrflow preprocess --train ... --out DIR` does everything in one process tree. For many machines the
-same work is split per input file (`ctrflow.data.fanout`): `count` (each file) → `merge` → `transform`
+same work is split per input file (`ctrflow.preprocess.fanout`): `count` (each file) → `merge` → `transform`
 (each file) → `finalize`, with the same output; the per-file steps run the CPU engine whatever `--engine` says.
 """
 
@@ -44,7 +44,7 @@ def _file_flags(parser: argparse.ArgumentParser, chunk_rows: int) -> None:
 
 
 def _configure_actions(parser: argparse.ArgumentParser) -> None:
-    from ctrflow.data.preprocess import COMPRESSIONS, DEFAULT_CHUNK_ROWS, DEFAULT_COMPRESSION
+    from ctrflow.preprocess.run import COMPRESSIONS, DEFAULT_CHUNK_ROWS, DEFAULT_COMPRESSION
 
     actions = parser.add_subparsers(dest="action", metavar="[count|merge|transform|finalize]")
     count = actions.add_parser("count", help=ACTIONS["count"], description=ACTIONS["count"])
@@ -69,7 +69,7 @@ def _configure_actions(parser: argparse.ArgumentParser) -> None:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Flags of the preprocess step (names are a contract: see ARCHITECTURE.md) and its fan-out actions."""
-    from ctrflow.data.preprocess import COMPRESSIONS, DEFAULT_CHUNK_ROWS, DEFAULT_COMPRESSION
+    from ctrflow.preprocess.run import COMPRESSIONS, DEFAULT_CHUNK_ROWS, DEFAULT_COMPRESSION
 
     # --train/--out are required for the single run; checked in `run` so that the actions parse
     parser.add_argument("--train", nargs="+", default=[], metavar="FILE",
@@ -97,8 +97,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_action(args: argparse.Namespace) -> dict:
-    from ctrflow.data import fanout
-    from ctrflow.data.engines import check_engine
+    from ctrflow.preprocess import fanout
+    from ctrflow.preprocess.engines import check_engine
 
     if args.action in ("count", "transform"):
         check_engine(args.engine)  # either engine: these steps run the CPU engine's passes (same output)
@@ -119,7 +119,7 @@ def _run_action(args: argparse.Namespace) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     """Run the step (or one fan-out action); prints a one-line JSON summary."""
-    from ctrflow.data.preprocess import preprocess
+    from ctrflow.preprocess.run import preprocess
 
     if getattr(args, "action", None):
         summary = _run_action(args)

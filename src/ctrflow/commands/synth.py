@@ -19,7 +19,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Write the day files, then print one line per day with its rows, click rate and teacher AUC."""
-    from ctrflow.data.synth import synthesize
+    from ctrflow.datasets.criteo.synth import synthesize
 
     with tracker_from_args(args, "synth") as tracker:
         report = synthesize(args.out, args.rows, args.days, args.seed, gzip=args.gzip, tracker=tracker)

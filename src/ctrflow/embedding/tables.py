@@ -7,12 +7,19 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class TableConfig:
-    """One embedding table: `num_embeddings` rows of `embedding_dim`, looked up by one feature."""
+    """One embedding table: `num_embeddings` rows of `embedding_dim`, looked up by one feature.
+
+    `length` ids per sample (1: categorical, one lookup; more: a multi-hot bag of `length` slots
+    padded with id 0, whose looked-up vectors are pooled by `pooling`, sum or mean, padding
+    contributing nothing). A batch's ids are [B, slots] with each table's `length` slots in order.
+    """
 
     name: str
     num_embeddings: int
     embedding_dim: int
     feature: str
+    length: int = 1
+    pooling: str | None = None  # None: one id per sample, looked up as is (id 0 = missing has a row)
 
     @property
     def bytes(self) -> int:
@@ -20,9 +27,10 @@ class TableConfig:
         return self.num_embeddings * self.embedding_dim * 4
 
 
-def tables_for(cardinalities: list[int], features: list[str], dim: int, prefix: str = "t") -> list[TableConfig]:
-    """One table per categorical feature, sized by its cardinality."""
-    return [TableConfig(f"{prefix}_{f}", int(n), dim, f) for n, f in zip(cardinalities, features)]
+def tables_for(features, dim: int, prefix: str = "t") -> list[TableConfig]:
+    """One table per sparse feature (`ctrflow.features.Feature`), sized by its cardinality."""
+    return [TableConfig(f"{prefix}_{f.name}", int(f.cardinality), dim, f.name, f.width,
+                        f.pooling if f.kind == "multi_hot" else None) for f in features]
 
 
 def check_ids(ids, tables: list[TableConfig]) -> None:

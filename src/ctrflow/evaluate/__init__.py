@@ -1,6 +1,6 @@
 """`ctrflow evaluate`: exact AUC, logloss and calibration of a checkpoint over a whole split.
 
-The split is read in order, row group by row group (`ctrflow.data.scan.ScanLoader`: background
+The split is read in order, row group by row group (`ctrflow.loaders.scan.ScanLoader`: background
 decode, page-locked windows copied to the GPU), so a day of Criteo-1TB (~178 M rows, ~28 GB)
 needs only the buffers and the scores and labels kept for the exact metrics (8 bytes a row).
 Writes `OUT/metrics.json`, `OUT/roc.png` and `OUT/calibration.png`, and logs them to the tracker.
@@ -82,8 +82,8 @@ def evaluate(data: str | os.PathLike, checkpoint: str | os.PathLike, out: str | 
     """
     import torch
 
-    from ctrflow.data.scan import ScanLoader
-    from ctrflow.data.stream_plan import ParquetIndex
+    from ctrflow.loaders.scan import ScanLoader
+    from ctrflow.loaders.stream_plan import ParquetIndex
     from ctrflow.evaluate.scoring import score_batches
     from ctrflow.predict import load_for_data
 

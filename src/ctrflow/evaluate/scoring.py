@@ -1,7 +1,7 @@
 """A model's logits over a loader's batches, kept as 8 bytes a row (logit and label, float32).
 
 Evaluation of a whole day (~178 M rows) keeps only what the exact metrics need: the split itself
-streams through `ctrflow.data.scan.ScanLoader`. Device results are fetched once per
+streams through `ctrflow.loaders.scan.ScanLoader`. Device results are fetched once per
 `FLUSH_ROWS` rows, not once per batch, so the device never waits on the host between batches.
 """
 
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctrflow.data.batch import Batch
+from ctrflow.loaders.batch import Batch
 
 FLUSH_ROWS = 1 << 20  # rows of device results held before one copy to the host (8 MiB)
 

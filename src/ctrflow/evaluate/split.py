@@ -9,7 +9,8 @@ from typing import Iterator, Sequence
 import numpy as np
 import pyarrow.parquet as pq
 
-from ctrflow.data.schema import DENSE, LABEL, SPARSE
+from ctrflow.schema import LABEL
+from ctrflow.datasets.criteo.columns import DENSE, SPARSE
 from ctrflow.errors import UserError
 
 BATCH_ROWS = 1 << 18
@@ -36,7 +37,7 @@ def iter_split(parts: Sequence[Path], table_sizes: Sequence[int] | None = None, 
 
     With `table_sizes`, ids outside their embedding table raise `UserError` naming file and column.
     """
-    from ctrflow.data.loader import check_ids
+    from ctrflow.loaders.memory import check_ids
 
     columns = [*([LABEL] if labels else []), *DENSE, *SPARSE]
     for part in parts:

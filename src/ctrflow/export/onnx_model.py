@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ctrflow.data.schema import DENSE, SPARSE
+from ctrflow.datasets.criteo.columns import DENSE, SPARSE
 from ctrflow.serve.ranking import ProbabilityModel
 
 PROTOBUF_LIMIT = 2**31 - 1  # one ONNX protobuf file cannot exceed 2 GB

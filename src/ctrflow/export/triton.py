@@ -15,7 +15,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
-from ctrflow.data.schema import DENSE, SPARSE
+from ctrflow.datasets.criteo.columns import DENSE, SPARSE
 from ctrflow.errors import UserError
 from ctrflow.serve import RAW_INPUTS
 

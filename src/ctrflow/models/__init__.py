@@ -1,11 +1,12 @@
 """Ranking models: DLRM, DCNv2, DeepFM, Wide&Deep.
 
-Every model maps `dense` [B, 13] float32 and `sparse` [B, 26] int64 ids to logits [B] and is a
-composition of named parts: `dense_arch` -> `embeddings` -> `interaction` -> `over_arch`.
-Models know nothing of devices, processes, sharding or the loss.
+Every model maps `dense` [B, num_dense] float32 and `sparse` [B, slots] int ids (the feature
+contract, `ctrflow.features`) to logits [B] and is a `RankingModel`, a composition of named parts:
+`dense_arch` -> `embeddings` -> `interaction` -> `over_arch` (`ctrflow.models.base`).
+Models know nothing of devices, processes, sharding, the loss or any dataset.
 
 Every embedding table lives in an `ctrflow.embedding.collection.EmbeddingCollection`:
-`model.embeddings` (the [B, 26, D] vectors) and, for DeepFM and Wide&Deep, `model.linear_embeddings`
+`model.embeddings` (the [B, T, D] vectors) and, for DeepFM and Wide&Deep, `model.linear_embeddings`
 (dim-1 first-order weights). `embedding_collections(model)` finds them all by module type, by
 dotted path; a sharding step swaps one for a sharded equivalent with
 `replace_module(model, path, new)`. Code that handles weights (optimizers, checkpoints) goes
@@ -14,35 +15,38 @@ through these two functions, never through the attribute names.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
-from ctrflow.data.schema import Schema
 from ctrflow.embedding.collection import EmbeddingCollection
+from ctrflow.features import Features
+from ctrflow.models.base import RankingModel
 from ctrflow.models.dcnv2 import DCNv2
 from ctrflow.models.deepfm import DeepFM
 from ctrflow.models.dlrm import DLRM
 from ctrflow.models.wide_deep import WideDeep
 
-MODELS: dict[str, type[nn.Module]] = {"dlrm": DLRM, "dcnv2": DCNv2, "deepfm": DeepFM, "wide_deep": WideDeep}
+MODELS: dict[str, type[RankingModel]] = {"dlrm": DLRM, "dcnv2": DCNv2, "deepfm": DeepFM, "wide_deep": WideDeep}
 
 
-def build_model(name: str, table_sizes: Schema | Sequence[int], embedding_dim: int = 16, seed: int = 0,
-                **arch: Any) -> nn.Module:
+def build_model(name: str, features: Features, embedding_dim: int = 16, seed: int = 0,
+                **arch: Any) -> RankingModel:
     """A freshly initialised model; the same arguments give the same weights, on any machine.
 
-    `table_sizes` is a `Schema` or the 26 cardinalities in C1..C26 order; `arch` holds the
-    architecture's own settings (`ModelConfig.arch_kwargs()`).
+    `features` is the feature contract (`Schema.features`, or any object with a `features`
+    attribute holding one); `arch` holds the architecture's own settings (`ModelConfig.arch_kwargs()`).
     """
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
-    sizes = table_sizes.table_sizes() if isinstance(table_sizes, Schema) else [int(n) for n in table_sizes]
+    features = getattr(features, "features", features)  # a Schema carries its features
+    if not isinstance(features, Features):
+        raise TypeError(f"build_model takes the feature contract (ctrflow.features.Features), got {type(features)}")
     # dense layers draw from the global generator: fork it so building a model has no side effect
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return MODELS[name](sizes, embedding_dim=embedding_dim, seed=seed, **arch)
+        return MODELS[name](features, embedding_dim=embedding_dim, seed=seed, **arch)
 
 
 def embedding_collections(model: nn.Module) -> dict[str, nn.Module]:
@@ -67,5 +71,5 @@ def replace_module(model: nn.Module, path: str, new: nn.Module) -> None:
     setattr(parent, leaf, new)
 
 
-__all__ = ["DCNv2", "DLRM", "DeepFM", "MODELS", "WideDeep", "build_model", "embedding_collections",
+__all__ = ["DCNv2", "DLRM", "DeepFM", "MODELS", "RankingModel", "WideDeep", "build_model", "embedding_collections",
            "replace_module"]

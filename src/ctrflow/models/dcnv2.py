@@ -5,35 +5,31 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-from torch import nn
 
-from ctrflow.data.schema import DENSE, SPARSE
-from ctrflow.embedding.collection import EmbeddingCollection
-from ctrflow.embedding.tables import tables_for
+from ctrflow.features import Features
+from ctrflow.models.base import RankingModel
 from ctrflow.models.layers import MLP, LowRankCrossNet
 
 
-class DCNv2(nn.Module):
-    """dense arch [B, D] and embeddings [B, 26, D] flattened to x0 [B, 27 D];
-    cross layers, then the deep MLP -> logits [B]."""
+class DCNv2(RankingModel):
+    """dense arch [B, D] and embeddings [B, T, D] flattened to x0 [B, (T + 1) D] (T D without dense
+    features); cross layers, then the deep MLP -> logits [B]."""
 
-    def __init__(self, table_sizes: Sequence[int], embedding_dim: int = 16,
-                 bottom_mlp: Sequence[int] = (64, 32), deep_mlp: Sequence[int] = (128, 64),
-                 cross_layers: int = 3, cross_rank: int = 32, seed: int = 0):
-        super().__init__()
-        width = (len(SPARSE) + 1) * embedding_dim
-        self.dense_arch = MLP(len(DENSE), [*bottom_mlp, embedding_dim])
-        self.embeddings = EmbeddingCollection(tables_for(table_sizes, list(SPARSE), embedding_dim), seed)
+    def __init__(self, features: Features, embedding_dim: int = 16, bottom_mlp: Sequence[int] = (64, 32),
+                 deep_mlp: Sequence[int] = (128, 64), cross_layers: int = 3, cross_rank: int = 32, seed: int = 0,
+                 dropout: float = 0.0):
+        super().__init__(features, embedding_dim, seed)
+        has_dense = features.num_dense > 0
+        if has_dense:
+            self.dense_arch = MLP(features.num_dense, [*bottom_mlp, embedding_dim])
+        width = (len(features.sparse) + has_dense) * embedding_dim
         self.interaction = LowRankCrossNet(width, cross_layers, cross_rank)
-        self.over_arch = MLP(width, [*deep_mlp, 1], last_activation=False)
-
-    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        return self.head(dense, self.embeddings(sparse))
+        self.over_arch = MLP(width, [*deep_mlp, 1], last_activation=False, dropout=dropout)
 
     def head(self, dense: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
-        """Everything after the lookup: dense [B, 13] and embeddings [B, 26, D] -> logits [B].
-        One function so that it can be compiled as one graph (the concatenation, cross layers and
-        deep MLP fused together, their backward too), apart from the embeddings' own kernels."""
+        """The concatenation, cross layers and deep MLP, compiled together on the fast path."""
+        if self.dense_arch is None:
+            return self.over_arch(self.interaction(embedded.flatten(1))).squeeze(1)
         bottom = self.dense_arch(dense)  # [B, D]
-        crossed = self.interaction(bottom, embedded.flatten(1))  # x0 = [bottom, embedded]: [B, 27 D]
+        crossed = self.interaction(bottom, embedded.flatten(1))  # x0 = [bottom, embedded]: [B, (T + 1) D]
         return self.over_arch(crossed).squeeze(1)

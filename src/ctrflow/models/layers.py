@@ -10,14 +10,22 @@ from torch import nn
 
 
 class MLP(nn.Sequential):
-    """Linear layers with ReLU between; `last_activation=False` leaves the output layer linear."""
+    """Linear layers with ReLU between; `last_activation=False` leaves the output layer linear.
 
-    def __init__(self, in_features: int, sizes: Sequence[int], last_activation: bool = True):
+    `dropout` > 0 drops that share of each hidden activation while training. It sits in the
+    activation's slot (`ReLU` then `Dropout`, one module), so the Linear layers keep their indices
+    and a checkpoint's keys do not depend on it.
+    """
+
+    def __init__(self, in_features: int, sizes: Sequence[int], last_activation: bool = True, dropout: float = 0.0):
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         layers: list[nn.Module] = []
         for i, size in enumerate(sizes):
             layers.append(nn.Linear(in_features, size))
-            if last_activation or i < len(sizes) - 1:
-                layers.append(nn.ReLU())
+            hidden = i < len(sizes) - 1
+            if last_activation or hidden:
+                layers.append(nn.Sequential(nn.ReLU(), nn.Dropout(dropout)) if dropout and hidden else nn.ReLU())
             in_features = size
         super().__init__(*layers)
         self.out_features = in_features
@@ -39,22 +47,27 @@ def pad_input_columns(linear: nn.Linear, extra: int) -> nn.Linear:
 class DotInteraction(nn.Module):
     """DLRM's interaction: the dense vector [B, D] and the embeddings [B, F-1, D] -> [B, out_features]
     = [dense, the F(F-1)/2 pairwise dot products of the F vectors (i < j, row-major), zeros].
+    Without dense features (`dense=False`) it takes the F embeddings alone (`dense` None) and
+    returns [pairs, zeros].
 
     The zero columns pad the width to a multiple of `pad_multiple` (MLPerf pads 128 + 351 = 479 to
     480): the top MLP's bf16 input rows are then 16-byte aligned, which the tensor cores need.
     """
 
-    def __init__(self, num_features: int, dim: int, pad_multiple: int = 8):
+    def __init__(self, num_features: int, dim: int, pad_multiple: int = 8, dense: bool = True):
         super().__init__()
         rows, cols = torch.triu_indices(num_features, num_features, offset=1)
         self.register_buffer("rows", rows, persistent=False)
         self.register_buffer("cols", cols, persistent=False)
-        self.num_features, self.dim, self.pad_multiple = num_features, dim, pad_multiple
+        self.num_features, self.dim, self.pad_multiple, self.dense = num_features, dim, pad_multiple, dense
         self.num_pairs = rows.numel()
-        self.pad = -(dim + self.num_pairs) % pad_multiple
-        self.out_features = dim + self.num_pairs + self.pad
+        self.pad = -(dim * dense + self.num_pairs) % pad_multiple
+        self.out_features = dim * dense + self.num_pairs + self.pad
 
-    def forward(self, dense: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
+    def forward(self, dense: torch.Tensor | None, embedded: torch.Tensor) -> torch.Tensor:
+        if dense is None:
+            gram = torch.bmm(embedded, embedded.transpose(1, 2))  # [B, F, F]
+            return F.pad(gram[:, self.rows, self.cols], (0, self.pad))
         dtype = torch.promote_types(dense.dtype, embedded.dtype)
         features = torch.cat([dense.unsqueeze(1).to(dtype), embedded.to(dtype)], dim=1)  # [B, F, D]
         gram = torch.bmm(features, features.transpose(1, 2))  # [B, F, F]

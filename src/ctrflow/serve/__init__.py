@@ -7,6 +7,6 @@ vocabularies only (no torch, no tritonclient), so the preprocessing model stays 
 `serve.tritonserver` starts a real `tritonserver` on such a repository (`ctrflow serve`, the tests).
 """
 
-from ctrflow.data.schema import DENSE, SPARSE
+from ctrflow.datasets.criteo.columns import DENSE, SPARSE
 
 RAW_INPUTS = (*DENSE, *SPARSE)  # the ensemble's BYTES inputs, one per raw Criteo field

@@ -37,7 +37,7 @@ def decode_fields(arrays: Mapping[str, np.ndarray | None]) -> dict[str, list[str
 
 def preprocess_arrays(arrays: Mapping[str, np.ndarray | None], vocab) -> tuple[np.ndarray, np.ndarray]:
     """Raw field tensors -> (dense [B, 13] float32, sparse [B, 26] int64), as preprocessing computed them."""
-    from ctrflow.data.transform import transform_raw
+    from ctrflow.preprocess.transform import transform_raw
 
     dense, sparse = transform_raw(decode_fields(arrays), vocab)
     return np.ascontiguousarray(dense, dtype=np.float32), np.ascontiguousarray(sparse, dtype=np.int64)
@@ -54,8 +54,8 @@ def copy_vocabularies(data: str | os.PathLike, model_dir: str | os.PathLike) -> 
 def load_vocabularies(model_dir: str | os.PathLike):
     """The vocabularies `copy_vocabularies` put into a model version directory (`vocab/`, `schema.json`),
     checked against the schema's hash: ids from other vocabularies would silently mean other values."""
-    from ctrflow.data.schema import Schema
-    from ctrflow.data.vocab import Vocabularies
+    from ctrflow.schema import Schema
+    from ctrflow.preprocess.vocab import Vocabularies
 
     vocab = Vocabularies.load(model_dir)
     expected = Schema.load(model_dir).vocab_hash

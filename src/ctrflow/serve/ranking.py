@@ -10,7 +10,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ctrflow.data.schema import DENSE, SPARSE, Schema
+from ctrflow.schema import Schema
+from ctrflow.datasets.criteo.columns import DENSE, SPARSE
 from ctrflow.errors import UserError
 
 
@@ -27,7 +28,7 @@ class ProbabilityModel(nn.Module):
 
 def save_ranking_model(model: nn.Module, schema: Schema, meta: dict, out: str | os.PathLike) -> Path:
     """Weights and architecture only (no optimizer state) into `out`: what `load_ranking_model` reads."""
-    from ctrflow.train.checkpoint import model_state
+    from ctrflow.checkpoint import model_state
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -40,7 +41,7 @@ def save_ranking_model(model: nn.Module, schema: Schema, meta: dict, out: str | 
 def load_ranking_model(path: str | os.PathLike) -> ProbabilityModel:
     """The model `save_ranking_model` saved in `path` (model.pt, model.json, schema.json), eval mode."""
     from ctrflow.models import build_model
-    from ctrflow.train.checkpoint import load_model_state
+    from ctrflow.checkpoint import load_model_state
 
     path = Path(path)
     arch = json.loads((path / "model.json").read_text())
@@ -52,7 +53,7 @@ def load_ranking_model(path: str | os.PathLike) -> ProbabilityModel:
 
 def check_features(dense: np.ndarray, sparse: np.ndarray, table_sizes: list[int]) -> None:
     """Refuse inputs the model cannot look up, naming the field (instead of an index error)."""
-    from ctrflow.data.loader import check_ids
+    from ctrflow.loaders.memory import check_ids
 
     if dense.ndim != 2 or dense.shape[1] != len(DENSE) or sparse.ndim != 2 or sparse.shape[1] != len(SPARSE):
         raise UserError(f"dense must be [B, {len(DENSE)}] and sparse [B, {len(SPARSE)}], "

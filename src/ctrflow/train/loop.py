@@ -22,12 +22,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctrflow.config import TrainConfig
-from ctrflow.data.batch import Batch
-from ctrflow.data.loader import BatchLoader, ParquetDataset
-from ctrflow.data.schema import Schema
-from ctrflow.data.scan import ScanLoader
-from ctrflow.data.stream import StreamLoader, choose_loader
-from ctrflow.data.stream_plan import ParquetIndex
+from ctrflow.loaders.batch import Batch
+from ctrflow.loaders.memory import BatchLoader, ParquetDataset
+from ctrflow.schema import Schema
+from ctrflow.loaders.scan import ScanLoader
+from ctrflow.loaders.stream import StreamLoader, choose_loader
+from ctrflow.loaders.stream_plan import ParquetIndex
 from ctrflow.embedding.collection import deferred_tables, materialize_tables
 from ctrflow.embedding.parallelize import apply_data_parallel
 from ctrflow.embedding.fused.dense import align_linear_inputs
@@ -35,7 +35,7 @@ from ctrflow.embedding.fused.sharded_model import forward_in_chunks, read_exchan
 from ctrflow.errors import UserError
 from ctrflow.models import build_model
 from ctrflow.tracking import NullTracker, Tracker
-from ctrflow.train import checkpoint
+from ctrflow import checkpoint
 from ctrflow.train.dense_average import DenseAverage
 from ctrflow.train.distributed import Runtime, close_runtime, init_runtime, parallelize, print0
 from ctrflow.train.fp8 import apply_fp8
@@ -186,7 +186,7 @@ def _loaders(config: TrainConfig, schema: Schema,
 
 
 def _train_loader(config: TrainConfig, sizes: list[int], runtime: Runtime, common: dict) -> BatchLoader | StreamLoader:
-    """In memory (whole split read) or streamed (`ctrflow.data.stream`), as `--loader` and the split's size say."""
+    """In memory (whole split read) or streamed (`ctrflow.loaders.stream`), as `--loader` and the split's size say."""
     data = config.data
     index = ParquetIndex(data.path, "train")  # footers only
     if choose_loader(data.loader, index.resident_bytes(), runtime.device) == "stream":

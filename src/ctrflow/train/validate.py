@@ -1,6 +1,6 @@
 """Periodic validation during training: exact AUC and logloss over the valid split.
 
-The split streams through `ctrflow.data.scan.ScanLoader` (bounded memory, each process its own
+The split streams through `ctrflow.loaders.scan.ScanLoader` (bounded memory, each process its own
 contiguous share); each process keeps its logits and labels (8 bytes a row), rank 0 gathers them,
 computes the exact metrics and sends the three numbers to every process.
 """
@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ctrflow.data.scan import ScanLoader
+from ctrflow.loaders.scan import ScanLoader
 from ctrflow.evaluate.metrics import auc, logloss
 from ctrflow.evaluate.scoring import score_batches
 from ctrflow.train.distributed import Runtime

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
-from ctrflow.data.schema import Schema
+from ctrflow.schema import Schema
 from ctrflow.errors import UserError
 from ctrflow.serve.ranking import check_features, load_ranking_model, probabilities
 

@@ -1,1 +1,0 @@
-"""Criteo raw format, synthetic data, preprocessing, the feature schema and the Parquet loader."""

@@ -1,0 +1,82 @@
+"""`RankingModel`: the parts every ranking model is made of, and the contract faster paths rely on.
+
+A ranking model maps `dense` [B, num_dense] float32 and `sparse` [B, slots] int ids (the feature
+contract, `ctrflow.features`) to logits [B] through named parts:
+
+- `dense_arch`: an `MLP` from the dense features to one vector [B, D] (None without dense features,
+  or where the model reads the dense features directly: Wide&Deep);
+- `embeddings`: an `EmbeddingCollection`, one table per sparse feature -> [B, T, D];
+- `interaction`: the model's own layer over the dense vector and the embeddings (None: a plain
+  concatenation);
+- `over_arch`: the `MLP` to the logit;
+- `linear_embeddings` and `linear_dense` (DeepFM, Wide&Deep; None elsewhere): first-order terms, a
+  dim-1 collection and a linear map of the dense features.
+
+`forward(dense, sparse) = head(dense, embeddings(sparse)) + first_order(dense, sparse)`. `head`
+is everything after the lookup: one function, so that it can be compiled as one graph apart from
+the embeddings' own kernels. Models know nothing of devices, processes, sharding, the loss or any
+dataset's column names; they are built from `Features`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ctrflow.embedding.collection import EmbeddingCollection
+from ctrflow.embedding.tables import tables_for
+from ctrflow.features import Features
+from ctrflow.models.layers import MLP
+
+
+class RankingModel(nn.Module):
+    """Base of DLRM, DCNv2, DeepFM and Wide&Deep (module doc); subclasses build the parts and `head`."""
+
+    dense_arch: MLP | None
+    embeddings: EmbeddingCollection
+    interaction: nn.Module | None
+    over_arch: MLP
+    linear_embeddings: EmbeddingCollection | None
+    linear_dense: nn.Linear | None
+
+    def __init__(self, features: Features, embedding_dim: int, seed: int = 0):
+        super().__init__()
+        self.features = features
+        self.embedding_dim = embedding_dim
+        self.embeddings = EmbeddingCollection(tables_for(features.sparse, embedding_dim), seed)
+        self.dense_arch = self.interaction = self.linear_embeddings = self.linear_dense = None
+
+    def add_first_order(self, seed: int) -> None:
+        """First-order terms: a dim-1 table per sparse feature (drawn from another seed, so they start
+        differently from the vectors) and a linear map of the dense features."""
+        self.linear_embeddings = EmbeddingCollection(tables_for(self.features.sparse, 1, prefix="linear"), seed + 1)
+        self.linear_dense = nn.Linear(self.features.num_dense, 1) if self.features.num_dense else None
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        logits = self.head(dense, self.embeddings(sparse))
+        if self.linear_embeddings is not None:
+            logits = logits + self.first_order(dense, sparse)
+        return logits
+
+    def head(self, dense: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
+        """dense [B, num_dense] and embeddings [B, T, D] -> logits [B] (without first-order terms)."""
+        raise NotImplementedError
+
+    def first_order(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        """Sum of the first-order weights of a row's ids and of the linear map of its dense features: [B]."""
+        total = self.linear_embeddings(sparse).sum(dim=(1, 2))
+        if self.linear_dense is not None:
+            total = total + self.linear_dense(dense).squeeze(1)
+        return total
+
+    @torch.no_grad()
+    def set_output_bias(self, rate: float) -> None:
+        """Start every prediction at click rate `rate` (the training split's mean label): the output
+        layer's bias becomes logit(rate) and the first-order dense bias 0. A model that starts at 0.5
+        spends its first steps pushing every score down, the most frequent ids the most."""
+        rate = min(max(float(rate), 1e-6), 1 - 1e-6)
+        self.over_arch[-1].bias.fill_(math.log(rate / (1 - rate)))
+        if self.linear_dense is not None:
+            self.linear_dense.bias.zero_()

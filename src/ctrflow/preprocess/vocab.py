@@ -1,0 +1,205 @@
+"""Categorical vocabularies: value → id, shared by batch preprocessing and serving (no skew).
+
+Ids per column: 0 = missing (empty), 1 = rare or unseen (OOV), 2.. = the vocabulary in order
+(most frequent first, ties by value). `DIR/vocab/C{i}.parquet` holds columns `value` (string) and
+`count` (int64); row k has id k + 2.
+
+Fast path: a value of exactly 8 bytes (Criteo's 8 hex digits) is a uint64 key (its bytes read as
+one little-endian integer, no copy), so counting and lookup are integer operations.
+Any other value ("other") takes a slower string path; both paths give the same ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ctrflow.preprocess.engines import CpuEngine, KeyTable
+from ctrflow.schema import FIRST_ID, MISSING_ID, OOV_ID
+from ctrflow.datasets.criteo.columns import SPARSE
+from ctrflow.errors import UserError
+
+_FIXED = pa.binary(8)
+
+
+def encode_keys(strings: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, pa.Array | None]:
+    """Raw strings (string, UTF-8 binary, or 8-byte fixed-size binary with null = missing) → (uint64
+    keys [n], 0 where missing or "other"; other values (string), null elsewhere, or None)."""
+    chunks = strings.chunks if isinstance(strings, pa.ChunkedArray) else [strings]
+    chunks = [_as_plain_strings(chunk) for chunk in chunks if len(chunk)]
+    keys = np.empty(sum(len(chunk) for chunk in chunks), dtype=np.uint64)
+    other_mask = np.zeros(len(keys), dtype=bool)
+    at = 0
+    for i, chunk in enumerate(chunks):  # each chunk's keys straight from its buffers: no copy of the value bytes
+        n = len(chunk)
+        if chunk.type == _FIXED:
+            words = np.frombuffer(chunk.buffers()[1], dtype="<u8", count=n, offset=chunk.offset * 8)
+            valid = chunk.is_valid().to_numpy(zero_copy_only=False) if chunk.null_count else True
+            np.multiply(words, valid, out=keys[at:at + n])
+            if n - np.count_nonzero(keys[at:at + n]) == chunk.null_count:  # no value of 8 NUL bytes
+                at += n
+                continue
+            chunks[i] = chunk = pc.fill_null(chunk.cast(pa.binary()), b"")  # one is: an "other" value
+        _, offsets_buf, data_buf = chunk.buffers()
+        offsets = np.frombuffer(offsets_buf, dtype=np.int32, count=n + 1, offset=chunk.offset * 4)
+        lengths = np.diff(offsets)
+        eight = lengths == 8
+        size = int(offsets[-1] - offsets[0])
+        if size == 8 * n:  # every value has 8 bytes: the data buffer is the keys
+            keys[at:at + n] = np.frombuffer(data_buf, dtype="<u8", count=n, offset=int(offsets[0]))
+        elif size >= 8:  # window[i] = the 8 bytes starting at byte i (an unaligned, overlapping view)
+            window = np.ndarray((size - 7,), dtype="<u8", buffer=data_buf, offset=int(offsets[0]), strides=(1,))
+            starts = np.minimum(offsets[:-1] - offsets[0], size - 8)
+            np.multiply(window[starts], eight, out=keys[at:at + n])
+        else:
+            keys[at:at + n] = 0
+        other_mask[at:at + n] = (lengths != 0) & (keys[at:at + n] == 0)  # other lengths, the all-NUL 8 bytes
+        at += n
+    if not other_mask.any():
+        return keys, None
+    chunks = [c.cast(pa.binary()) if c.type == _FIXED else c for c in chunks]
+    joined = pa.concat_arrays(chunks) if len(chunks) != 1 else chunks[0]
+    other = pc.if_else(pa.array(other_mask), joined, pa.scalar(None, joined.type))
+    return keys, other if other.type == pa.string() else other.cast(pa.string())
+
+
+def _as_plain_strings(chunk: pa.Array) -> pa.Array:
+    """string, binary (the same layout: parsed blocks' C columns are binary, already UTF-8 checked) or
+    8-byte fixed-size binary."""
+    if chunk.type not in (pa.string(), pa.binary(), _FIXED):
+        chunk = chunk.cast(pa.string())
+    return pc.fill_null(chunk, "") if chunk.null_count and chunk.type != _FIXED else chunk
+
+
+def keys_to_strings(keys: np.ndarray) -> pa.Array:
+    """uint64 keys → the 8-byte strings they were read from."""
+    raw = pa.py_buffer(np.ascontiguousarray(keys, dtype="<u8"))
+    offsets = pa.py_buffer(np.arange(0, 8 * len(keys) + 1, 8, dtype=np.int32))
+    return pa.StringArray.from_buffers(len(keys), offsets, raw)  # keys come from UTF-8 checked input
+
+
+_CPU = CpuEngine()
+
+
+class ColumnVocab:
+    """One column's vocabulary and its lookup tables (hash indexes built once)."""
+
+    def __init__(self, name: str, values: pa.Array, counts: np.ndarray):
+        self.name = name
+        self.values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+        self.counts = np.asarray(counts, dtype=np.int64)
+        keys, other = encode_keys(self.values)
+        is_key = keys != 0
+        self.key_table = KeyTable(keys[is_key], (np.flatnonzero(is_key) + FIRST_ID).astype(np.int32))
+        self._other_index = None
+        if other is not None:
+            is_other = other.is_valid().to_numpy(zero_copy_only=False)
+            self._other_index = pd.Index(other.filter(pa.array(is_other)).to_pylist(), dtype=object)
+            self._other_ids = (np.flatnonzero(is_other) + FIRST_ID).astype(np.int32)
+
+    @property
+    def cardinality(self) -> int:
+        """Vocabulary size + 2 (missing, OOV): the embedding table size."""
+        return len(self.values) + FIRST_ID
+
+    def lookup(self, keys: np.ndarray, other: pa.Array | None = None) -> np.ndarray:
+        """Ids (int32 [n]) of values given as `encode_keys` output; 8-byte keys are looked up in the
+        key table, other strings here."""
+        ids = _CPU.lookup(self.key_table, keys)
+        ids[keys == 0] = MISSING_ID
+        return self._lookup_other(ids, other)
+
+    def lookup_codes(self, codes: np.ndarray, uniques: np.ndarray, other: pa.Array | None = None) -> np.ndarray:
+        """`lookup` of keys given factorized (keys = uniques[codes]): one lookup per distinct key."""
+        distinct = _CPU.lookup(self.key_table, uniques)
+        distinct[uniques == 0] = MISSING_ID
+        return self._lookup_other(distinct.take(codes), other)
+
+    def _lookup_other(self, ids: np.ndarray, other: pa.Array | None) -> np.ndarray:
+        """Overwrite the ids of the "other" strings (their key is 0, looked up as missing)."""
+        if other is not None:
+            is_other = other.is_valid().to_numpy(zero_copy_only=False)
+            ids[is_other] = OOV_ID
+            if self._other_index is not None:
+                where = np.flatnonzero(is_other)
+                pos = self._other_index.get_indexer(other.filter(pa.array(is_other)).to_pylist())
+                ids[where[pos >= 0]] = self._other_ids[pos[pos >= 0]]
+        return ids
+
+    def encode(self, values: Sequence[str] | pa.Array) -> np.ndarray:
+        """Raw strings as in the TSV ("" or None = missing) → ids, int32 [n]."""
+        strings = values if isinstance(values, (pa.Array, pa.ChunkedArray)) else pa.array(list(values), pa.string())
+        return self.lookup(*encode_keys(strings))
+
+
+class Vocabularies:
+    """The 26 column vocabularies of a processed dataset."""
+
+    def __init__(self, columns: Mapping[str, ColumnVocab]):
+        self.columns = dict(columns)
+
+    @classmethod
+    def load(cls, data_dir: str | os.PathLike) -> "Vocabularies":
+        """Read `data_dir/vocab/C{i}.parquet` (a preprocess output directory)."""
+        vocab_dir = Path(data_dir) / "vocab"
+        tables = {}
+        for name in SPARSE:
+            path = vocab_dir / f"{name}.parquet"
+            if not path.exists():
+                raise UserError(f"{path}: missing vocabulary (is {data_dir} a `ctrflow preprocess` output?)")
+            tables[name] = pq.read_table(path)
+        return cls.from_tables(tables)
+
+    @classmethod
+    def from_tables(cls, tables: Mapping[str, pa.Table]) -> "Vocabularies":
+        """From each column's vocabulary table (columns value, count; as `write_vocab` writes them)."""
+        return cls({name: ColumnVocab(name, tables[name].column("value"), tables[name].column("count").to_numpy())
+                    for name in SPARSE})
+
+    def encode(self, column: str, values: Sequence[str] | pa.Array) -> np.ndarray:
+        """Raw strings of one categorical column → ids, int32 [n]."""
+        if column not in self.columns:
+            raise UserError(f"unknown categorical column {column!r} (expected one of C1..C26)")
+        return self.columns[column].encode(values)
+
+    def cardinalities(self) -> dict[str, int]:
+        """{"C1": vocabulary + 2, ...}"""
+        return {name: vocab.cardinality for name, vocab in self.columns.items()}
+
+    def hash(self) -> str:
+        """sha256 over every column's values in id order."""
+        return vocab_hash({name: vocab.values for name, vocab in self.columns.items()})
+
+
+def vocab_hash(values: Mapping[str, pa.Array]) -> str:
+    """sha256 over each column's name, value offsets and bytes (id order): equal iff the id maps are equal."""
+    digest = hashlib.sha256()
+    for name in SPARSE:
+        column = values[name]
+        column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        n = len(column)
+        digest.update(f"{name}:{n}\n".encode())
+        if n == 0:
+            continue
+        _, offsets_buf, data_buf = column.buffers()
+        offsets = np.frombuffer(offsets_buf, dtype=np.int32, count=n + 1, offset=column.offset * 4).astype("<i8")
+        digest.update((offsets - offsets[0]).tobytes())
+        if data_buf is not None:
+            digest.update(memoryview(data_buf)[offsets[0]:offsets[-1]])
+    return digest.hexdigest()
+
+
+def write_vocab(out_dir: str | os.PathLike, tables: Mapping[str, pa.Table]) -> None:
+    """Write `out_dir/vocab/C{i}.parquet` (columns value, count) for every categorical column."""
+    vocab_dir = Path(out_dir) / "vocab"
+    vocab_dir.mkdir(parents=True, exist_ok=True)
+    for name in SPARSE:
+        pq.write_table(tables[name].select(["value", "count"]), vocab_dir / f"{name}.parquet")
