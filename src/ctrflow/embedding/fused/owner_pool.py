@@ -41,10 +41,12 @@ class OwnerPool:
 
 
 def owner_pool(got: torch.Tensor, b: int, layout: Layout, recv_counts: list[list[int]],
-               recv_bags: list[list[int]], ranks: torch.Tensor | None, cache: dict) -> OwnerPool:
+               recv_bags: list[list[int]], ranks: torch.Tensor | None, cache: dict,
+               into: OwnerPool | None = None) -> OwnerPool:
     """The pooling of the ids `got` (as received, before local offsets) from every source's batch of
     b samples; `recv_counts[s][j]` / `recv_bags[s][j]`: ids and vectors of row piece j from source s;
-    `ranks`: the bag numbers of the row-split bags' ids, in the order they arrived."""
+    `ranks`: the bag numbers of the row-split bags' ids, in the order they arrived. `into`: a pool
+    of the same sizes whose tensors are overwritten instead (a CUDA graph reads them where they are)."""
     device = got.device
     slots, tabs = len(layout.tab_slot_table), len(layout.tab_mean)
     whole = _whole_tables(b, layout, device, cache)
@@ -55,7 +57,7 @@ def owner_pool(got: torch.Tensor, b: int, layout: Layout, recv_counts: list[list
             cache[key] = (torch.cat([whole[0] + s * b * tabs for s in range(world)]) if world > 1 else whole[0],
                           whole[1].repeat(world), whole[2].repeat(world))
         index, bag_slot, mean = cache[key]
-        return _finish(index, bag_slot & (got == PADDING_ID), mean)
+        return _finish(index, bag_slot & (got == PADDING_ID), mean, into)
     pieces = layout.row_slots[layout.rank]
     index, padding, mean, rank_parts = [], [], [], iter(ranks.split(_rank_sizes(layout, recv_counts))
                                                        if ranks is not None else ())
@@ -72,7 +74,7 @@ def owner_pool(got: torch.Tensor, b: int, layout: Layout, recv_counts: list[list
             padding.append(torch.zeros(c, dtype=torch.bool, device=device))
             mean.append(torch.zeros(n, dtype=torch.bool, device=device))  # a partial sum: the requester divides
             item, vec = item + c, vec + n
-    return _finish(torch.cat(index), torch.cat(padding), torch.cat(mean))
+    return _finish(torch.cat(index), torch.cat(padding), torch.cat(mean), into)
 
 
 def _whole_tables(b: int, layout: Layout, device, cache: dict) -> tuple:
@@ -95,10 +97,15 @@ def _rank_sizes(layout: Layout, recv_counts: list[list[int]]) -> list[int]:
     return [c for counts in recv_counts for (f, _s), c in zip(pieces, counts) if f in layout.bag_rows]
 
 
-def _finish(index: torch.Tensor, padding: torch.Tensor, mean: torch.Tensor) -> OwnerPool:
+def _finish(index: torch.Tensor, padding: torch.Tensor, mean: torch.Tensor, into: OwnerPool | None) -> OwnerPool:
     """The pool of ids adding into `index` (where not `padding`) of vectors that are means or sums."""
     n = mean.shape[0]
     index = torch.where(padding, n, index)  # padding adds into the sink, past the last vector
     count = torch.zeros(n + 1, dtype=torch.float32, device=index.device)
     count.index_add_(0, index, torch.ones(index.shape[0], dtype=torch.float32, device=index.device))
-    return OwnerPool(index, torch.where(mean, count[:n].clamp_min(1), torch.ones_like(count[:n])))
+    div = torch.where(mean, count[:n].clamp_min(1), torch.ones_like(count[:n]))
+    if into is None:
+        return OwnerPool(index, div)
+    into.index.copy_(index)
+    into.div.copy_(div)
+    return into

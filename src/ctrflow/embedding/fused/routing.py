@@ -112,7 +112,10 @@ def finish_route(r: Route, work, layout: Layout, local_offsets: torch.Tensor | N
     if local_offsets is None:  # this rank holds no shard: nothing arrives
         return r
     nothing = [[] for _ in range(layout.world)]
-    pool = owner_pool(r.rows, r.batch, layout, nothing, nothing, None, cache) if layout.pools else None
+    pool = None
+    if layout.pools:  # into buffers kept from step to step, like `out`: a captured step reads them there
+        key = ("ahead pool", r.rows.numel())
+        pool = cache[key] = owner_pool(r.rows, r.batch, layout, nothing, nothing, None, cache, cache.get(key))
     torch.add(r.rows, _item_offsets(r.batch, layout, local_offsets, nothing, cache), out=out)
     return Route(r.batch, out, r.send, r.recv, r.row_orders, r.row_counts, r.back_in, r.back_out, r.row_bags,
                  r.bag_samples, pool)

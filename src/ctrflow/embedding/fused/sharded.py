@@ -8,19 +8,19 @@ all-to-all (in the output dtype, bf16 on the fast path) -> assembled [b, T, D] (
 partial sums added); replicated tables are looked up and pooled locally. One-hot tables take exactly
 the path they took before bags existed (same sizes, no pooling step). Backward: the gradients travel
 back the same way (a bag's spread over its ids by the owner) and feed the fused sort/segment-sum +
-optimizer update, scaled by 1/world (so N ranks equal one process fed the
-global batch, like DDP's averaging of the dense gradients); replicated tables' gradients are summed
-densely over ranks (one all-reduce) and stepped identically everywhere. No sparse gradient exists.
+optimizer update, scaled by 1/world (so N ranks equal one process fed the global batch, like DDP's
+averaging of the dense gradients); replicated tables' gradients are summed densely over ranks (one
+all-reduce) and stepped identically everywhere. No sparse gradient exists.
 
 With several ranks the backward only starts its exchanges (asynchronous) and the update waits until
 the end of the backward pass (an autograd callback; or the caller's `flush()` with
 `update_in_backward = False`), so the all-to-all overlaps the rest of the backward (bottom MLP,
 DDP's all-reduce); `flush()` also runs before the next lookup (that half: `sharded_update.py`).
-`prefetch(chunks)` starts a step's lookups and exchanges ahead of its forwards (micro-batches whose gradients still make ONE update;
-`next_ids`: the next step's ids all-to-all runs during this one; `work_ahead`: the update's sorts and
-the replicas' zeroed sums are done in forward, while the exchange travels),
-and `raw_output` hands the exchange buffer itself to a reader that knows `exchange_rows()`
-(`sharded_model.py`: DLRM's fused interaction; one-hot collections only).
+`prefetch(chunks)` starts a step's lookups and exchanges ahead of its forwards (micro-batches whose
+gradients still make ONE update; `next_ids`: the next step's ids all-to-all runs during this one;
+`work_ahead`: the update's sorts and the replicas' zeroed sums are done in forward, while the
+exchange travels), and `raw_output` hands the exchange buffer itself to a reader that knows
+`exchange_rows()` (`sharded_model.py`: DLRM's fused interaction; one-hot collections only).
 """
 
 from __future__ import annotations
@@ -223,7 +223,7 @@ class FusedShardedEmbeddingCollection(DeferredUpdate, WholeTables, nn.Module):
         """The forward of one (micro-)batch; returns the output and what backward needs.
 
         The returned embeddings and the replicated lookups land in one source buffer, and one
-        gather (`place_index`) writes [b, F, D] from it: no per-feature copies (none at all with
+        gather (`place_index`) writes [b, T, D] from it: no per-feature copies (none at all with
         `raw_output`: the buffer itself is returned)."""
         if not self.ready or self.ready[0]["ids"] is not ids:
             self.prefetch([ids])
