@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import torch
 
@@ -57,10 +58,15 @@ def one_id_tables(tables: Sequence[TableConfig]) -> list[TableConfig]:
 
 def check_slot_ids(ids: torch.Tensor, tables: Sequence[TableConfig]) -> None:
     """`check_ids` for ids [b, S] (every slot within its table; a `UserError` naming the feature)."""
+    check_ids(ids, _per_slot(tuple(tables)))
+
+
+@lru_cache(maxsize=64)
+def _per_slot(tables: tuple[TableConfig, ...]) -> list[TableConfig]:
+    """The tables as one one-id table per slot (the same list for one-hot tables)."""
     if is_one_hot(tables):
-        check_ids(ids, list(tables))
-        return
-    check_ids(ids, [replace(t, length=1, pooling=None) for t in tables for _ in range(t.length)])
+        return list(tables)
+    return [replace(t, length=1, pooling=None) for t in tables for _ in range(t.length)]
 
 
 def bag_counts(ids: torch.Tensor) -> torch.Tensor:
@@ -69,8 +75,8 @@ def bag_counts(ids: torch.Tensor) -> torch.Tensor:
 
 
 def pool_divisors(ids: torch.Tensor, tables: Sequence[TableConfig]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(present [b, S], divisor [b, T]) of `pool_bags`: 1 where a slot counts (padding of a bag: 0),
-    and the non-padding count of each mean bag (1 elsewhere), in the ids' float dtype of choice."""
+    """(present [b, S], divisor [b, T]) of `pool_bags`, fp32: 1 where a slot counts (a bag's
+    padding: 0), and the non-padding count of each mean bag (1 elsewhere)."""
     present = torch.ones(ids.shape, dtype=torch.float32, device=ids.device)
     div = torch.ones(ids.shape[0], len(tables), dtype=torch.float32, device=ids.device)
     for k, (t, (a, b)) in enumerate(zip(tables, slot_columns(tables))):
