@@ -7,11 +7,12 @@ D]); DLRMv2's 214 ids a sample in 26 tables come back as 26 vectors (and their g
 - whole tables (table-wise; column-wise, each shard pooling its own columns): the owner receives a
   sample's whole bag, [b, length] ids with their padding, so every size follows from b and the
   lengths (the fused path's static all-to-all, capturable in a CUDA graph) and the owner applies
-  `pool_bags` itself, mean included. Padding travels as ids (8 bytes against a vector of D floats);
+  the pooling rule itself, mean included (`pool_bags`; on the fused path `OwnerPool`, the same sums
+  in fp32). Padding travels as ids (8 bytes against a vector of D floats);
 - row-wise: a bag's ids spread over the shards owning them. The requester sends each shard only its
-  ids (padding dropped: it sorts by owner anyway) with each id's bag number in that shard's piece
-  (`sort_bag_items`); the owner returns one partial sum per (sample, shard) and the requester adds
-  them, dividing a mean by the bag's non-padding count, which it knows from its own ids;
+  ids (padding dropped: it sorts by owner anyway) and, in one more all_to_all, each id's bag number in
+  that shard's piece (`sort_bag_items`); the owner returns one partial sum per (sample, shard) and
+  the requester adds them, dividing a mean by the bag's non-padding count, known from its own ids;
 - replicated: looked up and pooled locally.
 Backward runs the same way back: the owner spreads each bag's gradient over the bag's ids (divided
 by the count for a mean, zero for padding: `spread_bags` is the adjoint of `pool_bags`).
