@@ -7,7 +7,9 @@ routed-ahead steps equal its plain step, and `ctrflow train` under torchrun take
 logs the losses of one fused GPU, and its checkpoint resumes on one CPU. With the automatic plan it runs
 the whole step as one CUDA graph (dense gradients averaged by the step, no DDP): it logs the losses and
 AUCs of the eager DDP step, validates and checkpoints between replays, resumes, and exits (no NCCL
-teardown hang)."""
+teardown hang). Multi-hot bags: the parity workers' bag cases (every sharding type, plain and fused,
+each fused optimizer, Triton kernels), and a static bag plan's step (next step's ids routed ahead)
+captured as one CUDA graph and replayed equals the eager step."""
 
 from __future__ import annotations
 
@@ -19,10 +21,16 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from ctrflow.embedding.collection import EmbeddingCollection
+from ctrflow.embedding.fused.sharded import FusedShardedEmbeddingCollection
+from ctrflow.embedding.plan import plan_sharding
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 import test_sharding_fused as fused_parity  # noqa: E402
+from bag_fixtures import bag_batches, bag_tables  # noqa: E402
 from test_sharding_parity import check_results, worker  # noqa: E402
 from train_fixtures import write_processed  # noqa: E402
 
@@ -142,3 +150,67 @@ def test_torchrun_train_graphs_the_step_like_the_eager_one_and_exits(tmp_path, o
     resume_gap = max(abs(resumed_loss[k] - graph_loss[k]) / abs(graph_loss[k]) for k in range(11, 21))
     print(f"resumed at step 10 vs the graphed run: max relative loss gap {resume_gap:.2e}")
     assert resume_gap <= 1e-3 and abs(resumed_auc[20] - graph_auc[20]) <= 2e-3
+
+
+def _bag_model(tables, plan, device) -> torch.nn.Module:
+    """A fixed readout of fused sharded multi-hot tables (Adam), updated at the caller's `flush()`."""
+    coll = FusedShardedEmbeddingCollection.from_collection(EmbeddingCollection(tables, seed=3), plan, device=device,
+                                                           optimizer="adam", lr=0.01, check=False)
+    coll.update_in_backward = False  # as the graphed training step: the caller flushes
+    return fused_parity.Probe(coll, len(tables), tables[0].embedding_dim).to(device)
+
+
+def _bag_step(model, ids: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
+    """One step: lookups started with the next step's ids routed ahead, backward, the tables' update."""
+    model.embeddings.prefetch([ids], next_ids=next_ids)
+    loss, _ = model(ids)
+    loss.backward()
+    model.embeddings.flush()
+    return loss.detach()
+
+
+def _graph_worker(rank, world, store, results):
+    """8 steps of a static multi-hot plan (bags whole on one rank or replicated), eager and as a
+    CUDA graph captured at step 4 and replayed; (max relative loss gap, max table difference)."""
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        tables = bag_tables(32, 100)
+        plan = plan_sharding(tables, world, overrides=fused_parity.STATIC)
+        assert all(tp.sharding in ("table", "data") for tp in plan.tables.values())
+        b = 512
+        ids = [x[rank * b:(rank + 1) * b].to(device) for x in bag_batches(tables, b * world, 9, seed=3)]
+        eager = _bag_model(tables, plan, device)
+        eager_losses = [_bag_step(eager, ids[i], ids[i + 1]) for i in range(8)]
+        graphed, losses = _bag_model(tables, plan, device), []
+        static_ids, static_next = ids[3].clone(), ids[4].clone()
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm-up and capture off the default stream, as torch asks
+            losses += [_bag_step(graphed, ids[i], ids[i + 1]) for i in range(3)]
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+                static_loss = _bag_step(graphed, static_ids, static_next)
+        torch.cuda.current_stream(device).wait_stream(side)
+        for i in range(3, 8):
+            static_ids.copy_(ids[i])
+            static_next.copy_(ids[i + 1])
+            graph.replay()
+            losses.append(static_loss.clone())
+        torch.cuda.synchronize()
+        gap = max(abs(float(a) - float(e)) / abs(float(e)) for a, e in zip(losses, eager_losses))
+        weights = fused_parity._diff(graphed.embeddings.full_weights(), eager.embeddings.full_weights())
+        graph.reset()  # before the process group goes: NCCL waits for graphs holding its calls
+        if rank == 0:
+            results["graph"] = (gap, weights)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_multi_hot_static_plan_steps_as_one_cuda_graph_like_the_eager_step(tmp_path):
+    results = mp.Manager().dict()
+    mp.spawn(_graph_worker, args=(2, str(tmp_path / "store"), results), nprocs=2, join=True)
+    gap, weights = results["graph"]
+    print(f"multi-hot graph vs eager on 2 GPUs: max relative loss gap {gap:.2e}, max table difference {weights:.2e}")
+    assert gap <= 1e-4 and weights <= 1e-4, (gap, weights)  # float atomics add in any order

@@ -1,7 +1,8 @@
 """Two gloo ranks on CPU: a format-2 checkpoint of sharded tables (plain and fused) is written one whole
 table at a time on rank 0, and resumes on 2 processes (another sharding) and on 1 process with the
 same weights and optimizer state as before the save; the ranks split the checksums, and a bad file
-one of them finds stops both."""
+one of them finds stops both. The same for a model with multi-hot bags (sum and mean) among its
+one-hot tables."""
 
 from __future__ import annotations
 
@@ -11,27 +12,39 @@ import weakref
 import pytest
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 import torch.multiprocessing as mp
 
 import ctrflow.embedding.fused.sharded_state as fused_state
 import ctrflow.embedding.sharded as sharded
 from ctrflow.embedding.collection import deferred_tables
+from ctrflow.embedding.tables import tables_for
 from ctrflow.errors import UserError
+from ctrflow.features import Feature, Features
 from ctrflow.models import build_model
 from ctrflow.checkpoint import restore_checkpoint, save_checkpoint
+from ctrflow.schema import Schema
 from ctrflow.train.distributed import Runtime, parallelize
 from ctrflow.train.fused import FusedTables, fused_collections, sharded_options
 from ctrflow.train.optim import build_optimizers, sparse_memory
-from test_checkpoint_tables import SCHEMA, assert_same, build, config, snapshot, train_steps
+from bag_fixtures import bag_batches
+from test_checkpoint_tables import SCHEMA, assert_same, config, snapshot, train_steps
 
-# name -> (sparse optimizer, fused, sharding when saved, sharding when resumed on 2 ranks)
-CASES = {"plain": ("lazy_adam", False, "row", "column"), "fused": ("adagrad", True, "row", "table")}
+BAG_FEATURES = Features(dense=(Feature("I1", "dense", transform="log1p"), Feature("I2", "dense", transform="none")),
+                        sparse=(Feature("C1", "categorical", 20), Feature("G", "multi_hot", 30, 4, "sum"),
+                                Feature("C2", "categorical", 9), Feature("H", "multi_hot", 15, 3, "mean")))
+BAG_SCHEMA = Schema(cardinalities=BAG_FEATURES.cardinalities(), features=BAG_FEATURES, freq_threshold=1,
+                    rows={"train": 1}, vocab_hash="abc")
+# name -> (sparse optimizer, fused, sharding when saved, sharding when resumed on 2 ranks, schema)
+CASES = {"plain": ("lazy_adam", False, "row", "column", SCHEMA), "fused": ("adagrad", True, "row", "table", SCHEMA),
+         "bags-plain": ("adagrad", False, "column", "row", BAG_SCHEMA),
+         "bags-fused": ("lazy_adam", True, "row", "table", BAG_SCHEMA)}
 
 
-def build_sharded(cfg, runtime, fused: bool, sharding: str, seed: int = 0):
+def build_sharded(cfg, runtime, fused: bool, sharding: str, seed: int = 0, schema=SCHEMA):
     """What `ctrflow train` builds under torchrun: tables drawn shard by shard, dense part under DDP."""
     with deferred_tables():
-        model = build_model("dlrm", SCHEMA, cfg.model.embedding_dim, seed=seed, **cfg.model.arch_kwargs())
+        model = build_model("dlrm", schema, cfg.model.embedding_dim, seed=seed, **cfg.model.arch_kwargs())
     options = sharded_options(cfg.optim, None) if fused else None
     model = parallelize(model, runtime, sharding, None, sparse_memory(cfg.optim), options)
     tables = FusedTables(fused_collections(model), cfg.optim.sparse) if fused else None
@@ -62,20 +75,37 @@ class GatherLog:
         sharded.gather_whole = fused_state.gather_whole = self.original
 
 
+def train_bag_steps(model, optimizers, rank: int, world: int, steps: int = 2) -> None:
+    """`train_steps` for `BAG_SCHEMA`: global batches of 32 with padded and empty bags."""
+    gen = torch.Generator().manual_seed(1)
+    mine = slice(rank * 32 // world, (rank + 1) * 32 // world)
+    for sparse in bag_batches(tables_for(BAG_FEATURES.sparse, 1), 32, steps, seed=2):
+        dense = torch.rand(32, 2, generator=gen)
+        labels = torch.randint(0, 2, (32,), generator=gen).float()
+        loss = F.binary_cross_entropy_with_logits(model(dense[mine], sparse[mine]), labels[mine])
+        optimizers.zero_grad()
+        loss.backward()
+        optimizers.step()
+
+
 def one_case(name, rank, world, out, results):
-    sparse, fused, saved_as, resumed_as = CASES[name]
+    sparse, fused, saved_as, resumed_as, schema = CASES[name]
     cfg = config(sparse, dim=16)
     runtime = Runtime(rank, world, rank, torch.device("cpu"))
-    model, optimizers = build_sharded(cfg, runtime, fused, saved_as)
-    train_steps(model, optimizers, rank=rank, world=world)
+    model, optimizers = build_sharded(cfg, runtime, fused, saved_as, schema=schema)
+    if schema is SCHEMA:
+        train_steps(model, optimizers, rank=rank, world=world)
+    else:
+        train_bag_steps(model, optimizers, rank, world)
     before = snapshot(model, optimizers)
     with GatherLog(out) as log:
-        save_checkpoint(out, model, optimizers, {"step": 2, "epoch": 0, "batch": 2}, cfg, SCHEMA, runtime)
-    again, again_opt = build_sharded(cfg, runtime, fused, resumed_as, seed=5)
+        save_checkpoint(out, model, optimizers, {"step": 2, "epoch": 0, "batch": 2}, cfg, schema, runtime)
+    again, again_opt = build_sharded(cfg, runtime, fused, resumed_as, seed=5, schema=schema)
     restore_checkpoint(out, again, again_opt, runtime=runtime)  # the ranks split the checksums
     assert_same(snapshot(again, again_opt), before)
     if rank == 0:
-        one, one_opt = build(cfg, fused=False, seed=7)  # one process, plain: no collective
+        one = build_model("dlrm", schema, cfg.model.embedding_dim, seed=7, **cfg.model.arch_kwargs())
+        one_opt = build_optimizers(one, cfg.optim, None)  # one process, plain: no collective
         restore_checkpoint(out, one, one_opt)
         assert_same(snapshot(one, one_opt), before)
         results[name] = log.calls
@@ -103,8 +133,8 @@ def test_sharded_save_holds_one_whole_table_and_resumes_on_two_and_one_process(t
     results = mp.Manager().dict()
     mp.spawn(worker, args=(2, str(tmp_path / "store"), tmp_path, results), nprocs=2, join=True)
     # per table: the weights, then each state tensor (lazy Adam 2, row-wise Adagrad 1)
-    for name, per_table in (("plain", 3), ("fused", 2)):
+    for name, tables, per_table in (("plain", 26, 3), ("fused", 26, 2), ("bags-plain", 4, 2), ("bags-fused", 4, 3)):
         calls = results[name]
-        assert len(calls) == 26 * per_table
+        assert len(calls) == tables * per_table
         assert max(alive for alive, _ in calls) == 0  # every whole tensor dropped before the next gather
         assert [written for _, written in calls] == list(range(len(calls)))  # ... once its file was written

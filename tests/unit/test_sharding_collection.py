@@ -61,3 +61,45 @@ def test_deferred_tables_hold_no_memory_and_shard_like_drawn_ones():
     assert all(w.is_meta for w in deferred.weights.values())
     for name, weight in deferred.full_weights().items():  # drawn on demand: the same numbers
         assert torch.equal(weight, drawn.full_weights()[name])
+
+
+def test_one_process_sharded_collections_pool_bags_like_every_slot_looked_up_and_pooled():
+    from bag_fixtures import FusedSlotReference, SlotReference, bag_batches, bag_tables
+
+    from ctrflow.embedding.fused.sharded import FusedShardedEmbeddingCollection
+
+    tables = bag_tables(3)
+    ids = bag_batches(tables, 6, 1)[0]
+    plan = plan_sharding(tables, 1)
+    for sharded, reference in (
+            (ShardedEmbeddingCollection.from_collection(EmbeddingCollection(tables, seed=4), plan),
+             SlotReference(tables, seed=4)),
+            (ShardedEmbeddingCollection.from_collection(EmbeddingCollection(tables, seed=4),
+                                                        plan_sharding(tables, 1, "column")),
+             SlotReference(tables, seed=4)),
+            (FusedShardedEmbeddingCollection.from_collection(EmbeddingCollection(tables, seed=4), plan,
+                                                             optimizer="adam", lr=0.1),
+             FusedSlotReference(tables, 4, optimizer="adam", lr=0.1))):
+        opts = [SparseOptimizer(m, "lazy_adam", lr=0.1) for m in (sharded, reference)
+                if not isinstance(m, (FusedShardedEmbeddingCollection, FusedSlotReference))]  # fused: in backward
+        for _ in range(2):
+            got, expected = sharded(ids), reference(ids)
+            assert got.shape == (6, len(tables), 3)
+            torch.testing.assert_close(got, expected)
+            for out in (got, expected):
+                (out * torch.arange(out.numel()).view_as(out)).sin().sum().backward()
+            for opt in opts:
+                opt.step()
+        assert torch.equal(got[0, 1], torch.zeros(3)) and torch.equal(got[0, 3], torch.zeros(3))  # empty bags
+        for name, weight in reference.full_weights().items():
+            torch.testing.assert_close(sharded.full_weights()[name], weight)
+
+
+def test_sharded_collection_refuses_an_out_of_range_id_in_a_bag_naming_the_feature():
+    tables = [TableConfig("t_a", 9, 3, "C1"), TableConfig("t_g", 5, 3, "G", length=3, pooling="sum")]
+    sharded = ShardedEmbeddingCollection.from_collection(EmbeddingCollection(tables), plan_sharding(tables, 1))
+    assert sharded(torch.tensor([[8, 4, 0, 1]])).shape == (1, 2, 3)
+    with pytest.raises(UserError, match="feature G: id 5"):
+        sharded(torch.tensor([[0, 1, 5, 0]]))
+    with pytest.raises(UserError, match=r"\[batch, 4\]"):
+        sharded(torch.tensor([[0, 1]]))

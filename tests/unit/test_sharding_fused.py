@@ -1,6 +1,9 @@
 """Two gloo ranks on CPU: the fused sharded collection (the fused kernels' torch version here) equals
 the fused one-process collection fed the global batch: outputs, tables and optimizer state after
 several steps, for table-, row- and data-parallel plans and a mixed one, with each fused optimizer.
+The same with multi-hot bags (sum and mean, padding, empty bags) among one-hot tables, against one
+fused process that looks every slot up and pools it by `pool_bags` (also as micro-batches, and with
+the next step's ids routed ahead).
 `tests/gpu/test_sharded_nccl.py` runs the same worker with NCCL and the Triton kernels.
 """
 
@@ -16,12 +19,21 @@ from ctrflow.embedding.fused.sharded import FusedShardedEmbeddingCollection
 from ctrflow.embedding.plan import plan_sharding
 from ctrflow.embedding.tables import TableConfig
 from ctrflow.features import Features
+from bag_fixtures import FusedSlotReference, bag_batches, bag_tables
 
 MIXED = {"t_a": "table", "t_b": "row", "t_c": "data", "t_d": "row"}
 # name -> (plan, optimizer, micro-batches per step: `prefetch`ed chunks, one update for all of them)
 PLANS = {"table": ("table", "adam", 1), "row": ("row", "rowwise_adagrad", 1), "data": ("data", "adam", 1),
          "mixed": (MIXED, "sgd", 1), "mixed-chunked": (MIXED, "adam", 2), "row-chunked": ("row", "rowwise_adagrad", 3)}
 KEYS = {"sgd": {}, "rowwise_adagrad": {"sum": "state1"}, "adam": {"exp_avg": "state1", "exp_avg_sq": "state2"}}
+BAG_MIXED = {"t_a": "table", "t_g": "row", "t_b": "data", "t_h": "row", "t_c": "table", "t_k": "data"}
+BAG_MIXED_2 = {"t_a": "row", "t_g": "table", "t_b": "table", "t_h": "data", "t_c": "row", "t_k": "row"}
+STATIC = {"t_a": "data", "t_g": "table", "t_b": "table", "t_h": "data", "t_c": "table", "t_k": "table"}
+# multi-hot: name -> (plan, optimizer, micro-batches, next step's ids routed ahead)
+BAG_PLANS = {"bags-table": ("table", "adam", 1, False), "bags-row": ("row", "rowwise_adagrad", 1, False),
+             "bags-data": ("data", "adam", 1, False), "bags-mixed": (BAG_MIXED, "sgd", 1, False),
+             "bags-mixed-chunked": (BAG_MIXED, "adam", 2, False), "bags-row-chunked": ("row", "rowwise_adagrad", 3, False),
+             "bags-mixed-2": (BAG_MIXED_2, "rowwise_adagrad", 1, False), "bags-ahead": (STATIC, "adam", 1, True)}
 
 
 def tables(dim: int, scale: int = 1) -> list[TableConfig]:
@@ -48,12 +60,17 @@ class Probe(torch.nn.Module):
         return torch.tanh((out.float() * self.readout).sum(-1)).pow(2).sum(-1).mean(), out
 
 
-def _run(model, batches, rank, world, chunks=1) -> tuple[list[torch.Tensor], list[float]]:
-    """Train on this rank's slice of each batch: (outputs, global-batch losses: the ranks' mean)."""
+def _run(model, batches, rank, world, chunks=1, ahead=False) -> tuple[list[torch.Tensor], list[float]]:
+    """Train on this rank's slice of each batch: (outputs, global-batch losses: the ranks' mean);
+    `ahead`: each step's lookups started with the next step's ids (`prefetch(next_ids=...)`)."""
     outs, losses = [], []
     b = batches[0].shape[0] // world
-    for ids in batches:
-        loss, out = model(ids[rank * b:(rank + 1) * b], chunks)
+    for i, ids in enumerate(batches):
+        mine = ids[rank * b:(rank + 1) * b]
+        if ahead:
+            following = batches[i + 1][rank * b:(rank + 1) * b] if i + 1 < len(batches) else None
+            model.embeddings.prefetch([mine], next_ids=following)
+        loss, out = model(mine, chunks)
         loss.backward()
         outs.append(out.detach().float().cpu())
         total = loss.detach().clone()
@@ -68,22 +85,25 @@ def _diff(a: dict, b: dict) -> float:
 
 
 def compare(spec, optimizer, rank, world, device, dim=4, batch=16, steps=4, scale=1, dtype=torch.float32, lr=0.1,
-            chunks=1):
-    """Max differences (outputs, tables, state) of the sharded collection against one process."""
-    tabs = tables(dim, scale)
+            chunks=1, bags=False, ahead=False):
+    """Max differences (outputs, tables, state) of the sharded collection against one process
+    (`bags`: with multi-hot tables, against `FusedSlotReference`)."""
+    tabs = bag_tables(dim, scale) if bags else tables(dim, scale)
     gen = torch.Generator().manual_seed(0)
-    batches = [torch.stack([torch.randint(0, t.num_embeddings, (batch,), generator=gen) for t in tabs], 1).to(device)
-               for _ in range(steps)]
+    batches = ([ids.to(device) for ids in bag_batches(tabs, batch, steps)] if bags else
+               [torch.stack([torch.randint(0, t.num_embeddings, (batch,), generator=gen) for t in tabs], 1).to(device)
+                for _ in range(steps)])
     opts = dict(optimizer=optimizer, lr=lr, output_dtype=dtype)
-    ref = Probe(FusedEmbeddingCollection.from_collection(EmbeddingCollection(tabs, seed=3), device=device, **opts),
-                len(tabs), dim).to(device)
+    reference = (FusedSlotReference(tabs, 3, device, **opts) if bags else
+                 FusedEmbeddingCollection.from_collection(EmbeddingCollection(tabs, seed=3), device=device, **opts))
+    ref = Probe(reference, len(tabs), dim).to(device)
     ref_out, ref_loss = _run(ref, batches, 0, 1)
     overrides = spec if isinstance(spec, dict) else None
     plan = plan_sharding(tabs, world, "auto" if overrides else spec, overrides=overrides)
     sharded = FusedShardedEmbeddingCollection.from_collection(EmbeddingCollection(tabs, seed=3), plan, device=device,
                                                               **opts)
     model = Probe(sharded, len(tabs), dim).to(device)
-    out, loss = _run(model, batches, rank, world, chunks)
+    out, loss = _run(model, batches, rank, world, chunks, ahead)
     b = batch // world
     keys = KEYS[optimizer]
     got_state, ref_state = sharded.table_states(keys), ref.embeddings.table_states(keys)
@@ -91,7 +111,27 @@ def compare(spec, optimizer, rank, world, device, dim=4, batch=16, steps=4, scal
             "loss": max(abs(a - e) / abs(e) for a, e in zip(loss, ref_loss)),
             "weights": _diff(sharded.full_weights(), ref.embeddings.full_weights()),
             "state": max([_diff(got_state[t], ref_state[t]) for t in ref_state] + [0.0]),
-            "plan": [tp.sharding for tp in plan.tables.values()]}
+            "plan": [tp.sharding for tp in plan.tables.values()],
+            "in_place": sharded.exchange_rows() is not None, "sizes": _static_sizes(sharded, batches[0], world)}
+
+
+def _static_sizes(sharded, ids: torch.Tensor, world: int) -> bool | None:
+    """Whether a static plan's all-to-all sizes follow from b and the tables alone: a whole table's
+    ids [b, length] each way out, one vector per (sample, table) back (None for row-wise plans)."""
+    lay = sharded.layout
+    if not lay.static or not sharded.model_parallel:
+        return None
+    b = ids.shape[0] // world
+    with torch.no_grad():
+        sharded.prefetch([ids[:b]])
+    entry = sharded.ready.pop(0)
+    if entry["work"] is not None:
+        entry["work"].wait()
+    r = entry["route"]
+    slots = [sum(sharded.tables[f].length for f in lay.tab[d]) for d in range(world)]
+    return (r.send == [b * n for n in slots] and r.recv == [b * slots[lay.rank]] * world
+            and r.back_in == [b * len(lay.tab[d]) for d in range(world)]
+            and r.back_out == [b * len(lay.tab[lay.rank])] * world)
 
 
 def train_dlrm(rank, world, device, dim, chunks, in_place, deferred=False, steps=3, batch=24, ahead=False):
@@ -155,6 +195,11 @@ def worker(rank, world, store_path, results, device_type="cpu", dim=4, scale=1, 
                              batch=16 * scale, lr=lr, chunks=chunks)
             if rank == 0:
                 results[name] = result
+        for name, (spec, optimizer, chunks, ahead) in BAG_PLANS.items():
+            result = compare(spec, optimizer, rank, world, device, dim=dim, scale=scale, steps=steps,
+                             batch=16 * scale, lr=lr, chunks=chunks, bags=True, ahead=ahead)
+            if rank == 0:
+                results[name] = result
         result = compare_dlrm(rank, world, device, max(dim, 16))  # the interaction's kernels need D >= 16
         if rank == 0:
             results["dlrm"] = result
@@ -163,12 +208,18 @@ def worker(rank, world, store_path, results, device_type="cpu", dim=4, scale=1, 
 
 
 def check(results: dict, tolerance: float) -> None:
-    """Every comparison within `tolerance`; the mixed plan as asked."""
-    assert set(results) == {*PLANS, "dlrm"}
+    """Every comparison within `tolerance`; the mixed plans as asked; multi-hot collections never
+    let the interaction read the exchange in place; static plans' sizes as one-hot ones' (per table)."""
+    assert set(results) == {*PLANS, "dlrm", *BAG_PLANS}
     for name, r in results.items():
         for key in ("out", "loss", "weights", "state"):
             assert r[key] < tolerance, (name, key, r)
     assert results["mixed"]["plan"] == results["mixed-chunked"]["plan"] == ["table", "row", "data", "row"]
+    assert results["bags-mixed"]["plan"] == ["table", "row", "data", "row", "table", "data"]
+    assert results["table"]["in_place"] and not any(r["in_place"] for n, r in results.items() if n.startswith("bags"))
+    for name in ("table", "data", "bags-table", "bags-data", "bags-ahead"):
+        assert results[name]["sizes"] in (True, None), name
+    assert results["bags-table"]["sizes"] is True and results["bags-ahead"]["sizes"] is True
 
 
 def test_two_ranks_match_the_fused_collection_on_the_global_batch(tmp_path):

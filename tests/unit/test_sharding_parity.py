@@ -2,6 +2,8 @@
 
 Outputs, weights and optimizer state after several steps, for every sharding type and a mixed
 plan; then whole tables and state reloaded into another sharding continue the same trajectory.
+The same with multi-hot bags (sum and mean, padding, empty bags) among one-hot tables, against every
+slot looked up and pooled by `pool_bags` in one process.
 `tests/gpu/test_sharded_nccl.py` runs the same worker with NCCL on GPUs.
 """
 
@@ -16,6 +18,7 @@ from ctrflow.embedding.optimizers import SparseOptimizer
 from ctrflow.embedding.plan import plan_sharding
 from ctrflow.embedding.sharded import ShardedEmbeddingCollection
 from ctrflow.embedding.tables import TableConfig
+from bag_fixtures import SlotReference, bag_batches, bag_tables
 
 TABLES = [TableConfig("t_a", 7, 4, "C1"), TableConfig("t_b", 50, 4, "C2"), TableConfig("t_c", 3, 4, "C3")]
 PLANS = {
@@ -27,18 +30,28 @@ PLANS = {
 }
 OPTIMIZERS = {"table": "lazy_adam", "row": "adagrad", "column": "adagrad", "data": "adam", "mixed": "sgd"}
 BATCH, STEPS = 8, 3
+BAGS = bag_tables(4)
+# multi-hot: every sharding type for all tables, and two mixes that put each bag under each type
+BAG_PLANS = {"bags-table": ("table", "lazy_adam"), "bags-row": ("row", "adagrad"),
+             "bags-column": ("column", "adam"), "bags-data": ("data", "adagrad"),
+             "bags-mixed": ({"t_a": "column", "t_g": "row", "t_b": "data", "t_h": "row", "t_c": "table",
+                             "t_k": "row"}, "lazy_adam"),
+             "bags-mixed-2": ({"t_a": "row", "t_g": "column", "t_b": "table", "t_h": "data", "t_c": "row",
+                               "t_k": "table"}, "sgd")}
+RESUME = {"t_a": "row", "t_b": "column", "t_c": "table"}  # another sharding, to resume in
+BAG_RESUME = {"t_a": "row", "t_g": "table", "t_b": "column", "t_h": "column", "t_c": "data", "t_k": "row"}
 
 
 class Probe(torch.nn.Module):
     """A fixed nonlinear readout of the embeddings, so every row's gradient differs."""
 
-    def __init__(self, embeddings):
+    def __init__(self, embeddings, tables: int = 3):
         super().__init__()
         self.embeddings = embeddings
-        self.register_buffer("readout", torch.linspace(-1.0, 1.0, 3 * 4).view(3, 4))
+        self.register_buffer("readout", torch.linspace(-1.0, 1.0, tables * 4).view(tables, 4))
 
     def forward(self, ids):
-        out = self.embeddings(ids)  # [b, 3, 4]
+        out = self.embeddings(ids)  # [b, T, 4]
         return torch.tanh((out * self.readout).sum(-1)).pow(2).sum(-1).mean(), out
 
 
@@ -64,19 +77,21 @@ def _max_diff(a: dict, b: dict) -> float:
     return max([float((a[k].cpu() - b[k].cpu()).abs().max()) for k in b] + [0.0])
 
 
-def _compare(spec, kind, rank, world, batches, device) -> dict:
-    """Train the plain collection on the global batches and a sharded one on this rank's slices."""
-    plain = Probe(EmbeddingCollection(TABLES, seed=3)).to(device)
+def _compare(spec, kind, rank, world, batches, device, tables=TABLES, resume=RESUME) -> dict:
+    """Train the plain collection (multi-hot tables: `SlotReference`) on the global batches and a
+    sharded one on this rank's slices."""
+    reference = EmbeddingCollection(tables, seed=3) if tables is TABLES else SlotReference(tables, seed=3)
+    plain = Probe(reference, len(tables)).to(device)
     plain_opt = SparseOptimizer(plain, kind, lr=0.1)
     ref_out = _train(plain, plain_opt, batches, 0, 1)
     overrides = spec if isinstance(spec, dict) else None
-    plan = plan_sharding(TABLES, world, "auto" if overrides else spec, overrides=overrides)
-    model = Probe(ShardedEmbeddingCollection.from_collection(EmbeddingCollection(TABLES, seed=3), plan,
-                                                             device=device)).to(device)
+    plan = plan_sharding(tables, world, "auto" if overrides else spec, overrides=overrides)
+    model = Probe(ShardedEmbeddingCollection.from_collection(EmbeddingCollection(tables, seed=3), plan,
+                                                             device=device), len(tables)).to(device)
     opt = SparseOptimizer(model, kind, lr=0.1)
     out = _train(model, opt, batches, rank, world)
     got, state = model.embeddings.full_weights(), opt.state_dict()
-    resumed = _resume_elsewhere(got, state, kind, rank, world, batches[0], device)
+    resumed = _resume_elsewhere(got, state, kind, rank, world, batches[0], device, tables, resume)
     ref_weights = {k: v.clone() for k, v in plain.embeddings.full_weights().items()}  # a view otherwise
     ref_state = plain_opt.state_dict()
     _train(plain, plain_opt, batches[:1], 0, 1)
@@ -90,12 +105,12 @@ def _compare(spec, kind, rank, world, batches, device) -> dict:
     }
 
 
-def _resume_elsewhere(weights, state, kind, rank, world, batch, device):
+def _resume_elsewhere(weights, state, kind, rank, world, batch, device, tables=TABLES, resume=RESUME):
     """Load whole tables and optimizer state into another sharding (a resume on a new topology)
     and take one more step."""
-    plan = plan_sharding(TABLES, world, overrides={"t_a": "row", "t_b": "column", "t_c": "table"})
-    model = Probe(ShardedEmbeddingCollection.from_collection(EmbeddingCollection(TABLES, seed=9), plan,
-                                                             device=device)).to(device)
+    plan = plan_sharding(tables, world, overrides=resume)
+    model = Probe(ShardedEmbeddingCollection.from_collection(EmbeddingCollection(tables, seed=9), plan,
+                                                             device=device), len(tables)).to(device)
     model.embeddings.load_full_weights(weights)
     opt = SparseOptimizer(model, kind, lr=0.1)
     opt.load_state_dict(state)
@@ -103,13 +118,19 @@ def _resume_elsewhere(weights, state, kind, rank, world, batch, device):
     return model.embeddings.full_weights()
 
 
-def _forward_with_one_empty_rank(rank, world, batch, device):
+def _forward_with_one_empty_rank(rank, world, batch, device, tables=TABLES, overrides=None):
     """A rank with no samples (a short last batch) still serves the others' lookups."""
-    plain = EmbeddingCollection(TABLES, seed=3)
-    plan = plan_sharding(TABLES, world, overrides={"t_a": "row", "t_b": "column", "t_c": "data"})
+    plain = EmbeddingCollection(tables, seed=3)
+    reference = plain if tables is TABLES else SlotReference(tables, seed=3)
+    plan = plan_sharding(tables, world, overrides=overrides or {"t_a": "row", "t_b": "column", "t_c": "data"})
     sharded = ShardedEmbeddingCollection.from_collection(plain, plan, device=device)
     out = sharded(batch if rank == 0 else batch[:0])
-    return bool(torch.equal(out.cpu(), plain(batch.cpu()))) if rank == 0 else out.shape == (0, 3, 4)
+    if rank:
+        return out.shape == (0, len(tables), 4)
+    expected = reference(batch.cpu()).detach()
+    if tables is TABLES:  # one id each: the very rows
+        return bool(torch.equal(out.detach().cpu(), expected))
+    return float((out.detach().cpu() - expected).abs().max()) < 1e-6
 
 
 def worker(rank, world, store_path, results, device_type="cpu"):
@@ -125,7 +146,13 @@ def worker(rank, world, store_path, results, device_type="cpu"):
             result = _compare(spec, OPTIMIZERS[name], rank, world, batches, device)
             if rank == 0:
                 results[name] = result
+        bags = [ids.to(device) for ids in bag_batches(BAGS, BATCH, STEPS)]
+        for name, (spec, kind) in BAG_PLANS.items():
+            result = _compare(spec, kind, rank, world, bags, device, BAGS, BAG_RESUME)
+            if rank == 0:
+                results[name] = result
         empty_ok = _forward_with_one_empty_rank(rank, world, batches[0], device)
+        empty_ok &= _forward_with_one_empty_rank(rank, world, bags[0], device, BAGS, BAG_PLANS["bags-mixed"][0])
         if rank == 0:
             results["empty_ok"] = empty_ok
     finally:
@@ -135,11 +162,13 @@ def worker(rank, world, store_path, results, device_type="cpu"):
 def check_results(results, tolerance: float) -> None:
     """Every comparison within `tolerance`, every plan as asked."""
     assert results.pop("empty_ok") is True
-    assert set(results) == set(PLANS)
+    assert set(results) == {*PLANS, *BAG_PLANS}
     for name, r in results.items():
         for key in ("out", "weights", "state", "resumed"):
             assert r[key] < tolerance, (name, key, r)
     assert results["mixed"]["plan"] == ["column", "row", "data"]
+    assert results["bags-mixed"]["plan"] == ["column", "row", "data", "row", "table", "row"]
+    assert results["bags-column"]["plan"] == ["column"] * 6
 
 
 def test_two_ranks_match_plain_collection_for_every_sharding(tmp_path):

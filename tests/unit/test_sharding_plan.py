@@ -103,3 +103,16 @@ def test_out_of_range_id_names_the_feature():
         check_ids(torch.tensor([[4, 2], [0, 3]]), tables)
     with pytest.raises(UserError, match="feature C1: id -1"):
         check_ids(torch.tensor([[-1, 0]]), tables)
+
+
+def test_fused_auto_plan_balances_lookups_counting_a_bags_ids():
+    """A bag of 8 ids is 8 rows to read and update a sample: the table-wise planner weighs it so."""
+    same = dict(num_embeddings=1000, embedding_dim=8)
+    tables = [TableConfig("t_bag", feature="G", length=8, pooling="sum", **same),
+              *[TableConfig(f"t_{c}", feature=c, **same) for c in ("C1", "C2", "C3")]]
+    plan = plan_sharding(tables, 2, replicate_bytes=0, large="table")
+    ranks = {t.name: plan.tables[t.name].shards[0].rank for t in tables}
+    assert ranks == {"t_bag": 0, "t_C1": 1, "t_C2": 1, "t_C3": 1}
+    one_hot = plan_sharding([TableConfig("t_bag", feature="G", **same), *tables[1:]], 2, replicate_bytes=0,
+                            large="table")
+    assert [s.shards[0].rank for s in one_hot.tables.values()] == [0, 1, 0, 1]

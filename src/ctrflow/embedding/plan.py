@@ -183,7 +183,7 @@ def plan_sharding(
         for s in placed[t.name].shards:
             frac = s.num_rows * s.num_cols / (t.num_embeddings * t.embedding_dim)
             used[s.rank] += memory_of(t) * frac
-            load[s.rank] += t.embedding_dim * (s.num_rows / t.num_embeddings if s.num_cols == t.embedding_dim else 1.0)
+            load[s.rank] += _lookup_load(t) * (s.num_rows / t.num_embeddings if s.num_cols == t.embedding_dim else 1.0)
     _check_budgets(used, budgets)
     return ShardingPlan(world_size, {t.name: placed[t.name] for t in tables})
 
@@ -209,8 +209,14 @@ def _least_loaded(t: TableConfig, world_size: int, memory_of, used, load, budget
     if by_load:
         return min(fits, key=lambda r: (load[r], used[r], r))
     total_mem = max(sum(used) + need, 1.0)
-    total_load = max(sum(load) + t.embedding_dim, 1.0)
-    return min(fits, key=lambda r: (max((used[r] + need) / total_mem, (load[r] + t.embedding_dim) / total_load), r))
+    total_load = max(sum(load) + _lookup_load(t), 1.0)
+    return min(fits, key=lambda r: (max((used[r] + need) / total_mem, (load[r] + _lookup_load(t)) / total_load), r))
+
+
+def _lookup_load(t: TableConfig) -> int:
+    """A table's lookup work per sample: its dim times its ids (a multi-hot bag reads `length` rows,
+    though it sends back one pooled vector)."""
+    return t.embedding_dim * t.length
 
 
 def _budgets(memory_budget: int | list[int] | None, world_size: int) -> list[float]:

@@ -2,22 +2,25 @@
 
 Each rank keeps its model-parallel shards (whole tables, and row-wise pieces with shard-local ids)
 in one `FusedEmbeddingCollection` buffer and the replicated (data-parallel) tables in another.
-Forward: ids all-to-all (`routing.route`) -> one fused lookup of every received id -> embeddings
-all-to-all (in the output dtype, bf16 on the fast path) -> assembled [b, F, D]; replicated tables
-are looked up locally. Backward: the gradients travel back the same way and feed the fused
-sort/segment-sum + optimizer update, scaled by 1/world (so N ranks equal one process fed the
-global batch, like DDP's averaging of the dense gradients); replicated tables' gradients are summed
-densely over ranks (one all-reduce) and stepped identically everywhere. No sparse gradient exists.
+Forward: ids all-to-all (`routing.route`) -> one fused lookup of every received id -> multi-hot bags
+pooled by their owner (`owner_pool.py`; `ctrflow.embedding.bags` says why there) -> vectors
+all-to-all (in the output dtype, bf16 on the fast path) -> assembled [b, T, D] (a row-split bag's
+partial sums added); replicated tables are looked up and pooled locally. One-hot tables take exactly
+the path they took before bags existed (same sizes, no pooling step). Backward: the gradients travel
+back the same way (a bag's spread over its ids by the owner) and feed the fused sort/segment-sum +
+optimizer update, scaled by 1/world (so N ranks equal one process fed the global batch, like DDP's
+averaging of the dense gradients); replicated tables' gradients are summed densely over ranks (one
+all-reduce) and stepped identically everywhere. No sparse gradient exists.
 
 With several ranks the backward only starts its exchanges (asynchronous) and the update waits until
 the end of the backward pass (an autograd callback; or the caller's `flush()` with
 `update_in_backward = False`), so the all-to-all overlaps the rest of the backward (bottom MLP,
-DDP's all-reduce); `flush()` also runs before the next lookup (that half: `sharded_update.py`). `prefetch(chunks)` starts a step's
-lookups and exchanges ahead of its forwards (micro-batches whose gradients still make ONE update;
-`next_ids`: the next step's ids all-to-all runs during this one; `work_ahead`: the update's sorts and
-the replicas' zeroed sums are done in forward, while the exchange travels),
-and `raw_output` hands the exchange buffer itself to a reader that knows `exchange_rows()`
-(`sharded_model.py`: DLRM's fused interaction).
+DDP's all-reduce); `flush()` also runs before the next lookup (that half: `sharded_update.py`).
+`prefetch(chunks)` starts a step's lookups and exchanges ahead of its forwards (micro-batches whose
+gradients still make ONE update; `next_ids`: the next step's ids all-to-all runs during this one;
+`work_ahead`: the update's sorts and the replicas' zeroed sums are done in forward, while the
+exchange travels), and `raw_output` hands the exchange buffer itself to a reader that knows
+`exchange_rows()` (`sharded_model.py`: DLRM's fused interaction; one-hot collections only).
 """
 
 from __future__ import annotations
@@ -26,19 +29,22 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ctrflow.embedding.bags import check_slot_ids, one_id_tables
 from ctrflow.embedding.collection import copy_table_rows
 from ctrflow.embedding.comm import exchange_async, group_size
 from ctrflow.embedding.fused import ops
 from ctrflow.embedding.fused.collection import FusedEmbeddingCollection
-from ctrflow.embedding.fused.routing import Layout, Route, place_index, route, start_route
+from ctrflow.embedding.fused.placement import add_row_bags, place_index
+from ctrflow.embedding.fused.routing import Layout, Route, empty_route, route, start_route
 from ctrflow.embedding.fused.sharded_state import WholeTables
 from ctrflow.embedding.fused.sharded_update import DeferredUpdate
 from ctrflow.embedding.plan import ShardingPlan
-from ctrflow.embedding.tables import TableConfig, check_ids
+from ctrflow.embedding.pooling import pool_bags
+from ctrflow.embedding.tables import TableConfig
 
 
 class _ShardedLookup(torch.autograd.Function):
-    """ids -> [b, F, D]; backward hands the gradient to the collection, which updates itself."""
+    """ids -> [b, T, D]; backward hands the gradient to the collection, which updates itself."""
 
     @staticmethod
     def forward(ctx, ids, anchor, coll):
@@ -53,7 +59,7 @@ class _ShardedLookup(torch.autograd.Function):
 
 
 class FusedShardedEmbeddingCollection(DeferredUpdate, WholeTables, nn.Module):
-    """ids [b, F] of this rank's samples -> [b, F, D], tables placed by a table/row/data `ShardingPlan`,
+    """ids [b, S] of this rank's samples -> [b, T, D], tables placed by a table/row/data `ShardingPlan`,
     trained in backward by the fused `optimizer` ("sgd", "rowwise_adagrad", "adam"); a collective.
 
     Whole tables and optimizer state go through `full_weights()` / `table_states()` (collectives)
@@ -80,12 +86,20 @@ class FusedShardedEmbeddingCollection(DeferredUpdate, WholeTables, nn.Module):
         lay = self.layout
         self.local = (FusedEmbeddingCollection(lay.local_tables, seed=seed * 7919 + self.rank + 1, **options)
                       if lay.local_tables else None)
-        self.replica = (FusedEmbeddingCollection([self.tables[f] for f in lay.rep], seed=seed, **options)
-                        if lay.rep else None)
-        for d, feats in enumerate(lay.tab):
-            self.register_buffer(f"tab_index_{d}", torch.tensor(feats, dtype=torch.int64, device=device),
+        self.replica = (FusedEmbeddingCollection(one_id_tables([self.tables[f] for f in lay.rep]), seed=seed,
+                                                 **options) if lay.rep else None)
+        for d, cols in enumerate(lay.tab_cols):  # the id columns each rank's whole tables take
+            self.register_buffer(f"tab_index_{d}", torch.tensor(cols, dtype=torch.int64, device=device),
                                  persistent=False)
-        self.register_buffer("rep_index", torch.tensor(lay.rep, dtype=torch.int64, device=device), persistent=False)
+        self.register_buffer("rep_index", torch.tensor(lay.rep_cols, dtype=torch.int64, device=device),
+                             persistent=False)
+        # each replicated id column's table (and that table's first row in the replica buffer)
+        slot_table = [k for k, f in enumerate(lay.rep) for _ in range(self.tables[f].length)]
+        self.register_buffer("rep_slot_table", torch.tensor(slot_table, dtype=torch.int64, device=device),
+                             persistent=False)
+        self.register_buffer("rep_slot_offsets", self.replica.offsets[self.rep_slot_table].clone()
+                             if self.replica is not None else torch.zeros(0, dtype=torch.int64, device=device),
+                             persistent=False)
         self.register_buffer("zero_offset", torch.zeros(1, dtype=torch.int64, device=device), persistent=False)
         self.model_parallel = any(lay.tab) or bool(lay.row_feats)
         self.pending: list[dict] = []  # steps whose backward exchanges started, update not applied
@@ -133,15 +147,15 @@ class FusedShardedEmbeddingCollection(DeferredUpdate, WholeTables, nn.Module):
                 coll.set_lr(lr)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids [b, F] -> [b, F, D] (every rank calls it each step; a micro-batch given to
+        """ids [b, S] -> [b, T, D] (every rank calls it each step; a micro-batch given to
         `prefetch` takes the lookups and exchanges already started for it)."""
         if self.check:
-            check_ids(ids, self.tables)
+            check_slot_ids(ids, self.tables)
         anchor = ids.new_empty(0, dtype=torch.float32).requires_grad_(torch.is_grad_enabled())
         return _ShardedLookup.apply(ids, anchor, self)
 
     def prefetch(self, chunks: list[torch.Tensor], next_ids: torch.Tensor | None = None) -> None:
-        """Start one step's lookups and embedding exchanges for its micro-batches `chunks` (ids [b_c, F]
+        """Start one step's lookups and embedding exchanges for its micro-batches `chunks` (ids [b_c, S]
         each), all before any of their dense compute, so chunk c+1's exchange runs under chunk c's
         dense layers; `forward(chunks[c])` must follow for each c, in order. Their gradients are
         summed into ONE optimizer update (exact for every optimizer: the step of the whole batch).
@@ -157,17 +171,19 @@ class FusedShardedEmbeddingCollection(DeferredUpdate, WholeTables, nn.Module):
             offsets = self.local.offsets if self.local is not None else None
             routes = [route(ids, lay, offsets, self.group, self.cache, self._tab_indices()) for ids in chunks]
         else:
-            routes = [Route(ids.shape[0], ids.new_empty(0), [0] * lay.world, [0] * lay.world, {},
-                            [[] for _ in range(lay.world)]) for ids in chunks]
-        bounds = [0]
+            routes = [empty_route(ids.shape[0], ids, lay.world) for ids in chunks]
+        bounds, back = [0], [0]  # per chunk: its received ids, and the vectors it returns (its gradient rows)
         for r in routes:
             bounds.append(bounds[-1] + r.rows.numel())
+            back.append(back[-1] + sum(r.back_out))
         rows = routes[0].rows if len(routes) == 1 else torch.cat([r.rows for r in routes])
-        step = {"rows": rows, "bounds": bounds, "chunks": len(chunks), "arrived": 0, "works": [], "grad": None,
+        step = {"rows": rows, "bounds": bounds, "back": back, "pools": [r.pool for r in routes],
+                "chunks": len(chunks), "arrived": 0, "works": [], "grad": None,
                 "rep_acc": None, "rep_work": None, "sorted": None, "rep_sorted": [None] * len(chunks),
                 "rep_ids": [None] * len(chunks)}
         if self.local is not None and rows.numel():  # one gather for every chunk's received ids
-            emb = ops.lookup(rows.view(-1, 1), self.zero_offset, self.local.weight, self.output_dtype).view(-1, dim)
+            dtype = torch.float32 if lay.pools else self.output_dtype  # bags are summed from fp32 rows
+            emb = ops.lookup(rows.view(-1, 1), self.zero_offset, self.local.weight, dtype).view(-1, dim)
         else:
             emb = None
         self.ready = [self._start_exchange(ids, r, emb, step, c) for c, (ids, r) in enumerate(zip(chunks, routes))]
@@ -180,7 +196,8 @@ class FusedShardedEmbeddingCollection(DeferredUpdate, WholeTables, nn.Module):
                 if rep is not None:
                     step["rep_acc"] = self._replica_sums()
                 for c, chunk_ids in enumerate(step["rep_ids"] if rep is not None and self._sort_ahead() else []):
-                    step["rep_sorted"][c] = ops.sort_rows((chunk_ids + rep.offsets).reshape(-1), rep.weight.shape[0])
+                    step["rep_sorted"][c] = ops.sort_rows((chunk_ids + self.rep_offsets()).reshape(-1),
+                                                          rep.weight.shape[0])
                 if self._sort_ahead() and self.local is not None and rows.numel():
                     step["sorted"] = ops.sort_rows(rows, self.local.weight.shape[0])
         if next_ids is not None and self.model_parallel and lay.static and len(chunks) == 1:
@@ -189,47 +206,65 @@ class FusedShardedEmbeddingCollection(DeferredUpdate, WholeTables, nn.Module):
                 self.ahead = start_route(next_ids, lay, self.group, self._tab_indices())
 
     def _start_exchange(self, ids: torch.Tensor, r: Route, emb, step: dict, c: int) -> dict:
-        """Chunk c's returned embeddings, started into the head of its source buffer (whose tail
-        takes its replicated lookups)."""
-        n_back, b, dim = sum(r.send), ids.shape[0], self.embedding_dim
+        """Chunk c's returned vectors (its bags pooled first), started into the head of its source
+        buffer (whose tail takes its replicated lookups)."""
+        n_back, b, dim = sum(r.back_in), ids.shape[0], self.embedding_dim
         src = torch.empty(n_back + b * len(self.layout.rep), dim, dtype=self.output_dtype, device=ids.device)
         work = None
         if self.model_parallel:
             lo, hi = step["bounds"][c], step["bounds"][c + 1]
             piece = emb[lo:hi] if emb is not None else src.new_empty(0, dim)
-            _, work = exchange_async(piece, r.send, r.recv, self.group, out=src[:n_back])
+            if r.pool is not None:
+                piece = r.pool.pool(piece).to(self.output_dtype)
+            _, work = exchange_async(piece, r.back_in, r.back_out, self.group, out=src[:n_back])
         return {"ids": ids, "route": r, "src": src, "work": work, "n_back": n_back, "step": step, "chunk": c}
 
     def lookup(self, ids: torch.Tensor) -> tuple[torch.Tensor, tuple]:
         """The forward of one (micro-)batch; returns the output and what backward needs.
 
         The returned embeddings and the replicated lookups land in one source buffer, and one
-        gather (`place_index`) writes [b, F, D] from it: no per-feature copies (none at all with
+        gather (`place_index`) writes [b, T, D] from it: no per-feature copies (none at all with
         `raw_output`: the buffer itself is returned)."""
         if not self.ready or self.ready[0]["ids"] is not ids:
             self.prefetch([ids])
         entry = self.ready.pop(0)
         b, c = ids.shape[0], entry["chunk"]
         if self.replica is not None and b:  # while the exchange still travels
-            ops.lookup(entry["step"]["rep_ids"][c], self.replica.offsets, self.replica.weight, self.output_dtype,
-                       out=entry["src"][entry["n_back"]:].view(b, len(self.layout.rep), self.embedding_dim))
+            self._lookup_replicas(entry["step"]["rep_ids"][c],
+                                  entry["src"][entry["n_back"]:].view(b, len(self.layout.rep), self.embedding_dim))
         if entry["work"] is not None:
             entry["work"].wait()
         r = entry["route"]
-        if self.raw_output:  # [b, F, D] in name only: rows laid out as `exchange_rows` says
+        if self.raw_output:  # [b, T, D] in name only: rows laid out as `exchange_rows` says
             out = entry["src"].view(ids.shape[0], len(self.tables), self.embedding_dim)
         else:
             perm = place_index(self.layout, r, len(self.tables), entry["n_back"], ids.device, self.cache)
             out = ops.lookup(perm, self.zero_offsets(len(self.tables)), entry["src"], self.output_dtype)
+            if self.layout.bag_rows:
+                add_row_bags(out, entry["src"], self.layout, r, ids)
         return out, (ids, r, entry["step"], entry["chunk"])
+
+    def _lookup_replicas(self, rep_ids: torch.Tensor, out: torch.Tensor) -> None:
+        """The replicated tables' vectors of ids [b, columns] into `out` [b, n_rep, D] (bags pooled)."""
+        rep = self.replica
+        if not self.layout.rep_bags:
+            ops.lookup(rep_ids, rep.offsets, rep.weight, self.output_dtype, out=out)
+            return
+        values = ops.lookup(rep_ids, self.rep_slot_offsets, rep.weight, torch.float32)
+        out.copy_(pool_bags(values, rep_ids, [self.tables[f] for f in self.layout.rep]))
+
+    def rep_offsets(self) -> torch.Tensor:
+        """Each replicated id column's first row in the replica buffer (one per table without bags)."""
+        return self.rep_slot_offsets if self.layout.rep_bags else self.replica.offsets
 
     def exchange_rows(self) -> torch.Tensor | None:
         """[3, F] int64: feature f of sample b of a (micro-)batch of b_n samples sits at row
         b_n * rows[0, f] + b * rows[1, f] + rows[2, f] of the forward's source buffer (the returned
         embeddings, in the order their ids were sent, then the replicated lookups [b_n, n_rep]);
-        None where row-wise shards make the layout depend on the ids."""
+        None where row-wise shards make the layout depend on the ids, or where multi-hot tables
+        are (the interaction reads one-hot collections' buffers only)."""
         lay = self.layout
-        if not lay.static:
+        if not lay.static or not lay.one_hot:
             return None
         rows = torch.zeros(3, len(self.tables), dtype=torch.int64)
         start = 0

@@ -1,7 +1,7 @@
 """Running a model on `FusedShardedEmbeddingCollection` faster: exchanges started before the dense
 layers (`forward_in_chunks`, optionally as micro-batches) and DLRM's interaction reading the exchange
-buffers in place (`read_exchange_layout`). Both keep the step exact: one table update per step, the
-same gradients. Measured on 4 H200s in benchmarks/NOTES.md (four GPUs, session 3)."""
+buffers in place (`read_exchange_layout`; one-hot collections). Both keep the step exact: one table
+update per step, the same gradients. Measured on 4 H200s in benchmarks/NOTES.md (four GPUs, session 3)."""
 
 from __future__ import annotations
 
@@ -32,9 +32,10 @@ def forward_in_chunks(model: nn.Module, dense: torch.Tensor, ids: torch.Tensor, 
 
 def read_exchange_layout(model: nn.Module) -> bool:
     """Let `model.interaction` (a `FusedDotInteraction`) read `model.embeddings`' (a sharded fused
-    collection with no row-wise shards) exchange buffers where they are, and hand its gradient
-    back in that layout: no gather into [b, F, D] forward, none out of it backward. Only the
-    interaction may read the embeddings then. Returns whether it applied."""
+    collection with no row-wise shards and one-hot tables only: bags are pooled, not read in place)
+    exchange buffers where they are, and hand its gradient back in that layout: no gather into
+    [b, T, D] forward, none out of it backward. Only the interaction may read the embeddings then.
+    Returns whether it applied."""
     coll = getattr(model, "embeddings", None)
     inter = getattr(model, "interaction", None)
     inter = getattr(inter, "_orig_mod", inter)  # under torch.compile

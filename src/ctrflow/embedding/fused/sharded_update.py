@@ -15,10 +15,12 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
+from ctrflow.embedding.bags import spread_bags
 from ctrflow.embedding.comm import exchange_async
 from ctrflow.embedding.fused import ops
+from ctrflow.embedding.fused.placement import pack_index, scale_row_means
 from ctrflow.embedding.fused.replicas import apply_replicated, needs_counts, replicated_grad
-from ctrflow.embedding.fused.routing import finish_route, pack_index
+from ctrflow.embedding.fused.routing import finish_route
 from ctrflow.streams import beside, side_stream
 
 
@@ -26,7 +28,7 @@ class DeferredUpdate:
     """Mixin of the fused sharded collection (attributes `layout`, `tables`, `embedding_dim`, `group`,
     `world_size`, `local`, `replica`, `cache`, `pending`, `ahead`, `next_route`, `raw_output`,
     `update_in_backward`, `overlap`, `beside`, `model_parallel`, `output_dtype`, buffers `rep_index`,
-    `zero_offset`, and method `local_device`)."""
+    `rep_slot_table`, `zero_offset`, and methods `local_device`, `rep_offsets`)."""
 
     def _side(self) -> torch.cuda.Stream | None:
         """The stream of the tables' own work beside the dense layers' (`beside`: several CUDA ranks
@@ -56,25 +58,30 @@ class DeferredUpdate:
         runs at the end of the backward pass, or now for one process and one chunk."""
         ids, r, step, c = saved
         lay, dim, b = self.layout, self.embedding_dim, ids.shape[0]
-        rows = grad.to(self.output_dtype).reshape(-1, dim)  # [b * F, D]
+        if lay.bag_rows:  # a row-split mean bag was divided here, after its partial sums came
+            grad = scale_row_means(grad, lay, ids)
+        rows = grad.to(self.output_dtype).reshape(-1, dim)  # [b * T, D]
         if self.raw_output:  # already in the order the ids were sent, replicated features last
             packed = rows
         else:
             index = pack_index(lay, r, len(self.tables), ids.device, self.cache)
             packed = ops.lookup(index.view(-1, 1), self.zero_offset, rows, self.output_dtype).view(-1, dim)
-        n_send = sum(r.send)
+        n_send = sum(r.back_in)
         if self.model_parallel:
-            if step["grad"] is None:
-                step["grad"] = rows.new_empty(step["bounds"][-1], dim)
-            lo, hi = step["bounds"][c], step["bounds"][c + 1]
-            _, work = exchange_async(packed[:n_send], r.recv, r.send, self.group, out=step["grad"][lo:hi])
+            if step["grad"] is None:  # one gradient row per vector this rank returned
+                step["grad"] = rows.new_empty(step["back"][-1], dim)
+            lo, hi = step["back"][c], step["back"][c + 1]
+            _, work = exchange_async(packed[:n_send], r.back_out, r.back_in, self.group, out=step["grad"][lo:hi])
             step["works"].append(work)
         last = step["arrived"] + 1 == step["chunks"]
         if self.replica is not None:
             rep = self.replica
             rep_ids = step["rep_ids"][c]
-            with self._beside(packed):  # beside the bottom MLP's backward
-                step["rep_acc"] = replicated_grad(rep_ids, rep.offsets, packed[n_send:].view(b, len(lay.rep), dim),
+            with self._beside(packed, rep_ids):  # beside the bottom MLP's backward
+                rep_grad = packed[n_send:].view(b, len(lay.rep), dim)
+                if lay.rep_bags:  # each bag's gradient over its ids
+                    rep_grad = spread_bags(rep_grad, rep_ids, [self.tables[f] for f in lay.rep], self.rep_slot_table)
+                step["rep_acc"] = replicated_grad(rep_ids, self.rep_offsets(), rep_grad,
                                                   rep.weight.shape[0], self.cache, counts=needs_counts(rep),
                                                   out=step["rep_acc"], presorted=step["rep_sorted"][c])
                 if last and self.world_size > 1:
@@ -109,7 +116,8 @@ class DeferredUpdate:
         for step in pending:
             # after the whole backward: the update started as soon as its exchange landed, beside the
             # bottom MLP's backward, was measured slower (benchmarks/NOTES.md, session 7)
-            with self._beside(*([step["rows"], step["grad"]] if step["grad"] is not None else [])):
+            pools = [t for p in step["pools"] if p is not None for t in (p.index, p.div)]
+            with self._beside(*([step["rows"], step["grad"], *pools] if step["grad"] is not None else [])):
                 self._apply_update(step)
         self._join_side()
         if self.ahead is not None:  # after the update: its rows buffer is the one written here
@@ -128,13 +136,27 @@ class DeferredUpdate:
         for work in step["works"]:
             if work is not None:  # None: one process
                 work.wait()
+        local = self.local
         if self.model_parallel and step["rows"].numel():
-            local = self.local
             ops.update_rows(step["rows"].view(-1, 1), self.zero_offset,
-                            step["grad"].view(-1, 1, self.embedding_dim), local.weight, local.row_state,
+                            self._id_grads(step).view(-1, 1, self.embedding_dim), local.weight, local.row_state,
                             local.scratch, local.pre_reduce, grad_scale=1.0 / self.world_size,
                             presorted=step["sorted"])
+        elif local is not None and local.row_state.optimizer == "adam":
+            local.row_state.hyper[1].add_(1.0)  # no id came: Adam's step count still advances, as everywhere
         if step["rep_work"] is not None:
             step["rep_work"].wait()
         if step["rep_acc"] is not None:
             apply_replicated(step["rep_acc"], self.replica, self.world_size)
+
+    def _id_grads(self, step: dict) -> torch.Tensor:
+        """The step's gradient of every id it received: the returned vectors' gradients, spread over
+        their bags' ids chunk by chunk where this rank pooled (as they are otherwise)."""
+        grad = step["grad"]
+        pools = step["pools"]
+        if all(p is None for p in pools):
+            return grad
+        bounds = step["back"]
+        parts = [grad[bounds[c]:bounds[c + 1]] if p is None else p.spread(grad[bounds[c]:bounds[c + 1]])
+                 for c, p in enumerate(pools)]
+        return parts[0] if len(parts) == 1 else torch.cat([p.float() for p in parts])
