@@ -80,6 +80,7 @@ class RunPlan:
     sparse_kinds: Mapping[str, str] = field(default_factory=dict)  # table -> its optimizer
     sharding: ShardingPlan | None = None  # N processes: which rank holds which rows of every table
     dense_sync: str = "none"  # N processes: ddp | average (`DenseAverage` in the step); alone: none
+    dense_comm: str = "own"  # average: the all-reduce on a communicator of its own | shared (the default one)
     cuda_graphs: bool = False  # the whole step replayed as one CUDA graph
     compile: str = "off"  # off | head (DCNv2) | parts (each dense part)
     compile_mode: str | None = None  # torch.compile's mode
@@ -198,7 +199,7 @@ def build(model: RankingModel, plan: RunPlan, runtime: Runtime) -> Built:
     fused = fused_collections(model)
     average = None
     if plan.dense_sync == "average":  # rank 0's dense values broadcast, as DDP does
-        average = DenseAverage(split_parameters(model)[0], fused.values())
+        average = DenseAverage(split_parameters(model)[0], fused.values(), plan.dense_comm)
     compiled = compile_dense(model, plan.compile, plan.compile_mode) if plan.compile != "off" else False
     return Built(model, fused, average, {"fp8_layers": fp8_layers, "aligned_layers": aligned,
                                          "exchange_in_place": in_place, "compiled": compiled})

@@ -4,7 +4,9 @@ One process on a CUDA GPU (with Triton) trains its embedding collections as
 `FusedEmbeddingCollection`s, which apply their own optimizer step in backward, so the loop builds
 no sparse optimizer for them; DLRM's interaction becomes `FusedDotInteraction`. Under torchrun
 each rank holds its shards in a `FusedShardedEmbeddingCollection` (the same kernels behind the
-all-to-all; `parallelize(..., fused=sharded_options(...))`). The swap keeps the
+all-to-all; `parallelize(..., fused=sharded_options(...))`). `ctrflow.train.build` decides and
+applies both; the swaps act on the model's typed parts (`embeddings`, `linear_embeddings`,
+`interaction`). The swap keeps the
 tables' names and values, so checkpoints hold whole tables and optimizer state in the plain
 `SparseOptimizer`'s format, and load on any path (CPU, fused, N processes).
 """
