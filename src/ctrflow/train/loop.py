@@ -136,7 +136,7 @@ def _announce(s: Session, built: Built) -> None:
     if s.plan.sharding is not None:
         from ctrflow.embedding.parallelize import model_tables
 
-        lines.append(s.plan.sharding.describe(model_tables(s.model), sparse_memory(s.config.optim)))
+        lines += ["  sharding plan:", s.plan.sharding.describe(model_tables(s.model), sparse_memory(s.config.optim))]
     print0("ctrflow train: run plan\n" + "\n".join(lines))
 
 
