@@ -65,6 +65,11 @@ class Session:
     epoch: int = 0
     batch: int = 0
 
+    @property
+    def amp(self) -> torch.dtype | None:
+        """Autocast dtype of the forward pass (None: fp32)."""
+        return self.plan.amp
+
 
 def train(config: TrainConfig, tracker: Tracker | None = None) -> dict[str, Any]:
     """Train `config.model` on processed data `config.data.path`, writing checkpoints and
@@ -102,6 +107,7 @@ def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
         (out / "config.json").write_text(json.dumps(run_record(config, plan), indent=2) + "\n")
         restart_metrics(out, source, session.step)
         tracker.log_params(tracked_params(config, plan))  # the resolved choices, never "auto"
+        tracker.log_artifact(out / "config.json")
         tracker.set_tags({"schema.vocab_hash": schema.vocab_hash, "model": config.model.name})
     _announce(session, built)
     return session
@@ -214,7 +220,7 @@ def _fit(s: Session) -> dict[str, Any]:
         while s.step < s.total_steps and s.epoch < cfg.epochs:
             for batch in s.train_loader.batches(s.epoch, start=s.batch):
                 s.optimizers.set_lr_factor(lr_factor(s.step, cfg.optim, s.total_steps))
-                log.add(step_fn(s.model, batch, s.optimizers, s.runtime.device, s.plan.amp))
+                log.add(step_fn(s.model, batch, s.optimizers, s.runtime.device, s.amp))
                 s.step, s.batch = s.step + 1, s.batch + 1
                 epoch_end = s.batch == len(s.train_loader)
                 if epoch_end:
@@ -262,7 +268,7 @@ def _periodic(s: Session, log: ProgressLog, done: dict[str, int], last: bool) ->
     valid = None
     if evaluate:
         log.pause()
-        valid = validate(s.model, s.valid_loader, s.runtime, s.plan.amp)
+        valid = validate(s.model, s.valid_loader, s.runtime, s.amp)
         log.resume()
         done["eval"] = step
         print0(f"step {step}: valid auc {valid['auc']:.4f} logloss {valid['logloss']:.4f}")
@@ -281,7 +287,7 @@ def _periodic(s: Session, log: ProgressLog, done: dict[str, int], last: bool) ->
 def _finish(s: Session, log: ProgressLog, valid: dict[str, float], done: dict[str, int]) -> dict[str, Any]:
     if done["ckpt"] != s.step:  # resumed at the very end: nothing trained, but `out` is still a checkpoint
         if s.valid_loader is not None:
-            valid = validate(s.model, s.valid_loader, s.runtime, s.plan.amp)
+            valid = validate(s.model, s.valid_loader, s.runtime, s.amp)
         checkpoint.save_checkpoint(s.out, s.model, s.optimizers, {"step": s.step, "epoch": s.epoch, "batch": s.batch},
                                    s.config, s.schema, s.runtime, metrics=valid, run=run_record(s.config, s.plan))
         done["ckpt"] = s.step
