@@ -39,18 +39,14 @@ import torch.distributed as dist
 
 from ctrflow.datasets.criteo.columns import SPARSE
 from ctrflow.embedding.fused import ops
-from ctrflow.embedding.fused.dense import align_linear_inputs
-from ctrflow.embedding.fused.interaction import FusedDotInteraction
 from ctrflow.embedding.fused.sharded import FusedShardedEmbeddingCollection
-from ctrflow.embedding.fused.sharded_model import read_exchange_layout
 from ctrflow.embedding.optimizers import SparseOptimizer, state_bytes
-from ctrflow.embedding.parallelize import apply_data_parallel
 from ctrflow.embedding.plan import FUSED_REPLICATE_BYTES, REPLICATE_BYTES, device_memory_budget, plan_sharding
 from ctrflow.embedding.sharded import ShardedEmbeddingCollection
 from ctrflow.embedding.tables import tables_for
 from ctrflow.errors import UserError
-from ctrflow.models import build_model, replace_module
-from ctrflow.train.dense_average import DenseAverage
+from ctrflow.models import build_model
+from ctrflow.train.build import RunPlan, build
 from ctrflow.train.distributed import close_runtime, init_runtime
 from ctrflow.train.graphs import GraphedStep
 from ctrflow.train.loop import train_step
@@ -114,58 +110,45 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 FUSED_RULES = {"sgd": "sgd", "adagrad": "rowwise_adagrad", "adam": "adam", "lazy_adam": "adam"}
 
 
-def build(args, runtime, tables, plan):
-    """The DLRM with sharded tables on this process's device, its dense part under DDP, and optimizers."""
+def build_run(args, runtime, tables, plan):
+    """The DLRM with sharded tables on this process's device, built by `ctrflow.train.build.build` (dense
+    part under DDP, or without `DenseAverage` under `--graph`), its optimizers and step."""
     model = build_model("dlrm", Features.categorical([2] * len(SPARSE), 13), args.dim, seed=args.seed,
                         bottom_mlp=(512, 256), top_mlp=(1024, 1024, 512, 256))
     group = dist.new_group(list(range(runtime.world_size))) if runtime.distributed else None
-    if args.embedding == "fused":
-        return build_fused(args, runtime, tables, plan, model, group)
-    init = device_init(args.seed)
-    model.embeddings = ShardedEmbeddingCollection(
-        tables, plan, lambda t, i, s: init(t, i, s, runtime.device), group, runtime.device, check=False)
-    model.to(runtime.device)
-    if runtime.distributed:
-        apply_data_parallel(model, runtime.device)
+    fused = args.embedding == "fused"
+    if fused:
+        bf16 = args.precision == "bf16" and runtime.device.type == "cuda"
+        model.embeddings = FusedShardedEmbeddingCollection(
+            tables, plan, group, runtime.device, optimizer=FUSED_RULES[args.optimizer], lr=args.lr,
+            output_dtype=torch.bfloat16 if bf16 else torch.float32, seed=args.seed, check=False,
+            overlap=not args.no_overlap)
+        model.embeddings.work_ahead, model.embeddings.beside = args.work_ahead, args.beside
+    else:
+        init = device_init(args.seed)
+        model.embeddings = ShardedEmbeddingCollection(
+            tables, plan, lambda t, i, s: init(t, i, s, runtime.device), group, runtime.device, check=False)
+    built = build(model, run_plan(args, runtime, plan), runtime)
+    args.in_place = built.changes["exchange_in_place"]
     dense = [p for n, p in model.named_parameters() if not n.startswith("embeddings.")]
-    sparse = SparseOptimizer(model, args.optimizer, lr=args.lr)
-    return model, Optimizers(torch.optim.SGD(dense, lr=args.lr), sparse, [], (args.lr, args.lr))
+    sparse = None if fused else SparseOptimizer(model, args.optimizer, lr=args.lr)  # fused: the tables step themselves
+    optimizers = Optimizers(torch.optim.SGD(dense, lr=args.lr), sparse, [], (args.lr, args.lr))
+    step = partial(train_step, average=built.average, chunks=args.chunks)
+    return model, optimizers, GraphedStep(step) if args.graph and runtime.device.type == "cuda" else step
 
 
-def build_fused(args, runtime, tables, plan, model, group):
-    """The fast path's model: fused sharded tables (bf16 lookups under `--precision bf16`), fused
-    interaction, aligned Linear inputs, compiled dense parts; one dense optimizer (the tables step
-    themselves)."""
-    bf16 = args.precision == "bf16" and runtime.device.type == "cuda"
-    model.embeddings = FusedShardedEmbeddingCollection(
-        tables, plan, group, runtime.device, optimizer=FUSED_RULES[args.optimizer], lr=args.lr,
-        output_dtype=torch.bfloat16 if bf16 else torch.float32, seed=args.seed, check=False,
-        overlap=not args.no_overlap)
-    model.embeddings.work_ahead, model.embeddings.beside = args.work_ahead, args.beside
-    replace_module(model, "interaction", FusedDotInteraction.from_plain(model.interaction))
-    args.in_place = args.in_place and read_exchange_layout(model)
-    align_linear_inputs(model)
-    if runtime.device.type == "cuda" and not args.no_compile:
-        for name in ("dense_arch", "interaction", "over_arch"):
-            replace_module(model, name, torch.compile(model.get_submodule(name)))
-    model.to(runtime.device)
-    if runtime.distributed and not args.graph:  # with --graph the step averages the dense gradients
-        apply_data_parallel(model, runtime.device)
-    return model, Optimizers(torch.optim.SGD(model.parameters(), lr=args.lr), None, [], (args.lr, args.lr))
-
-
-def make_step(args, runtime, model, optimizers: Optimizers):
-    """The loop's `train_step` (returns the loss on the device); with `--graph` on several processes
-    the step averages the dense gradients itself (`DenseAverage`, started before the fused tables'
-    update, which then runs beside it), and on CUDA the whole step is a `GraphedStep` (captured after
-    3 eager steps)."""
-    average = None
-    if args.graph and runtime.distributed:
-        tables = [model.embeddings] if isinstance(model.embeddings, FusedShardedEmbeddingCollection) else []
-        params = [p for group in optimizers.dense.param_groups for p in group["params"]]
-        average = DenseAverage(params, tables, args.dense_comm)
-    step = partial(train_step, average=average, chunks=args.chunks)
-    return GraphedStep(step) if args.graph and runtime.device.type == "cuda" else step
+def run_plan(args, runtime, plan) -> RunPlan:
+    """The plan of this benchmark's build: the fast path's (fused sharded tables, fused interaction reading
+    the exchange in place, aligned and compiled dense parts; with `--graph` on several processes the step
+    averages the dense gradients itself, `DenseAverage` started before the fused tables' update) or the
+    plain one (sharded tables, DDP, nothing else)."""
+    fused, cuda = args.embedding == "fused", runtime.device.type == "cuda"
+    sync = "none" if not runtime.distributed else "average" if args.graph else "ddp"
+    return RunPlan(device=str(runtime.device), processes=runtime.world_size, embedding=args.embedding, sharding=plan,
+                   dense_sync=sync, dense_comm=args.dense_comm, align_linear=fused,
+                   compile="parts" if fused and cuda and not args.no_compile else "off",
+                   exchange_in_place=fused and args.in_place,
+                   autocast="bf16" if args.precision == "bf16" and cuda else "fp32")
 
 
 def runner(args, runtime, model, optimizers: Optimizers, step, batches):
@@ -213,9 +196,8 @@ def main(argv: list[str] | None = None) -> dict:
         return _emit(record, runtime)
     if runtime.is_main:
         print(plan.describe(tables, memory_of), file=sys.stderr, flush=True)
-    model, optimizers = build(args, runtime, tables, plan)
+    model, optimizers, step = build_run(args, runtime, tables, plan)
     batches = synthetic_batches(tables, args.batch_size, 4, runtime.device, args.seed + runtime.rank, args.ids)
-    step = make_step(args, runtime, model, optimizers)
     cuda = runtime.device.type == "cuda"
     if args.profile and cuda:  # eager steps, before any capture
         profile_ops(args, runtime, runner(args, runtime, model, optimizers, getattr(step, "step", step), batches))

@@ -3,8 +3,8 @@
 A path is named `kind[:option...]`: kind is naive | fused | fused-eager (no graph) | fused-compile
 (graph + each dense module torch.compile'd) | fused-compile-head (graph + the model's whole `head`,
 everything after the lookup, compiled as one graph; DCNv2) | loop (what `ctrflow train` runs on one
-GPU: the loop's own `train_step` under `ctrflow.train.graphs.GraphedStep`, `compile_dense`, the
-loop's optimizers and aligned Linear inputs; dense Adam: DCNv2's, for DLRM `ctrflow train`'s default lr
+GPU: its run plan and build step (`ctrflow.train.build`), the loop's own `train_step` under
+`ctrflow.train.graphs.GraphedStep`, the loop's optimizers; dense Adam: DCNv2's, for DLRM `ctrflow train`'s default lr
 1e-3 with the tables' SGD of the other paths) | plain (fp32 `EmbeddingCollection`,
 torch optimizers: the quality reference). Options: `fp8` (what `ctrflow train --precision fp8` does:
 `ctrflow.train.fp8.apply_fp8`'s defaults: both products of every Linear >= 512 wide in fp8, row
@@ -27,24 +27,23 @@ is `fp8w:fp32acc`, `fp8:fastacc` is `fp8w`.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctrflow.config import OptimConfig
+from ctrflow.config import ModelConfig, OptimConfig, TrainConfig
 from ctrflow.loaders.batch import Batch
 from ctrflow.datasets.criteo.columns import SPARSE
 from ctrflow.embedding.fused import FusedEmbeddingCollection
-from ctrflow.embedding.fused.dense import align_linear_inputs
-from ctrflow.embedding.fused.interaction import FusedDotInteraction
 from ctrflow.embedding.fused.reference import RowwiseAdagrad
 from ctrflow.embedding.tables import tables_for
-from ctrflow.models import build_model, replace_module
-from ctrflow.models.layers import DotInteraction
-from ctrflow.train.fp8 import E4M3, E5M2, apply_fp8
-from ctrflow.train.fp8_cross import Fp8CrossNet
+from ctrflow.models import build_model
+from ctrflow.train.build import Fp8Plan, RunPlan, build, plan_run
+from ctrflow.train.distributed import Runtime
 from ctrflow.train.fused import FusedTables
-from ctrflow.train.graphs import GraphedStep, compile_dense
+from ctrflow.train.graphs import GraphedStep
 from ctrflow.train.loop import train_step
 from ctrflow.train.optim import build_optimizers
 from ctrflow.features import Features
@@ -113,7 +112,7 @@ def build_path(name: str, args, sizes: list[int], device: torch.device, optim: t
         # tiny tables: the dense layers come out the same, and no 96 GB is drawn on the host
         model = build_model(args.model, Features.categorical([1] * len(SPARSE), 13), args.dim, **arch)
         if kind == "naive":
-            replace_module(model, "embeddings", NaiveBags(sizes, args.dim, device))
+            model.embeddings = NaiveBags(sizes, args.dim, device)
             tables = list(model.embeddings.parameters())
         else:
             scope = {"fused-compile": "parts", "fused-compile-head": "head"}.get(kind, "")
@@ -140,19 +139,23 @@ def build_path(name: str, args, sizes: list[int], device: torch.device, optim: t
 
 
 def build_loop_path(args, arch: dict, sizes: list[int], device: torch.device, optim: tuple, options: set[str]):
-    """(model, step) as `ctrflow train` builds them on one GPU (tables drawn on the device, as the
-    benchmark's other fused paths: `apply_fused` would first build 96 GB of plain tables on the host)."""
+    """(model, step) as `ctrflow train` builds them on one GPU: its run plan (`ctrflow.train.build.plan_run`)
+    and build step, its optimizers and graphed step (tables drawn on the device, as the benchmark's other
+    fused paths: `apply_fused` would first build 96 GB of plain tables on the host)."""
     if device.type != "cuda":
         raise ValueError("the loop path needs CUDA")
     model = build_model(args.model, Features.categorical([1] * len(SPARSE), 13), args.dim, **arch)
-    make_fast(model, args, sizes, device, optim, compile_scope="", options=options, align="noalign" not in options)
-    model.to(device)
-    if "nocompile" not in options:
-        compile_dense(model)
+    model.embeddings = fast_tables(args, sizes, device, optim, options)
     sparse = {"rowwise_adagrad": "adagrad", "adam": "lazy_adam"}.get(optim[2], optim[2])
-    fused = FusedTables({"embeddings": model.embeddings}, sparse)
     cfg = OptimConfig(dense="adam", lr=optim[1] if optim[0] == "adam" else 1e-3, sparse=sparse, sparse_lr=optim[3])
-    optimizers = build_optimizers(model, cfg, fused)
+    config = TrainConfig(model=ModelConfig(name=args.model, embedding_dim=args.dim), optim=cfg, embedding="fused",
+                         precision="fp8" if options & FP8 else "auto", compile="off" if "nocompile" in options else "auto")
+    runtime = Runtime(0, 1, device.index or 0, device)
+    plan = plan_run(config, runtime, model)
+    align = plan.align_linear and "noalign" not in options and not args.no_align
+    plan = replace(plan, fp8=fp8_plan(args, options), align_linear=align, compile_mode=args.compile_mode)
+    built = build(model, plan, runtime)
+    optimizers = build_optimizers(model, cfg, FusedTables(built.fused, sparse))
     if "foreach" in options:  # the loop's dense Adam before session 5
         for group in optimizers.dense.param_groups:
             group["fused"] = None
@@ -184,33 +187,39 @@ def make_optimizers(model: nn.Module, tables: list, optim: tuple, naive: bool, c
     return opts
 
 
-def make_fast(model: nn.Module, args, sizes: list[int], device: torch.device, optim: tuple,
-              compile_scope: str, options: set[str] = frozenset(), align: bool = True) -> None:
-    """The fast path's swaps, each computing the same function: fused tables, fused dot interaction,
-    tensor-core-aligned Linear inputs, fp8 Linear layers if `options` ask, and optionally
-    torch.compile'd dense parts (`compile_scope` "parts": each dense module apart; "head": the
-    model's `head` method as one graph, where the model has one)."""
+def fast_tables(args, sizes: list[int], device: torch.device, optim: tuple,
+                options: set[str] = frozenset()) -> FusedEmbeddingCollection:
+    """The fast paths' tables: one `FusedEmbeddingCollection` drawn on `device` (other numbers than the
+    plain initialization, which would draw 96 GB on the host), lookups in bf16 on CUDA."""
     out_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # halves lookup + grad bytes
     storage = torch.bfloat16 if "bf16tab" in options else getattr(torch, args.storage)
-    replace_module(model, "embeddings", FusedEmbeddingCollection(
-        tables_for(Features.categorical(dict(zip(list(SPARSE), sizes))).sparse, args.dim), seed=0, optimizer=optim[2], lr=optim[3], device=device,
-        output_dtype=out_dtype, storage_dtype=storage, check_ids=False, pre_reduce=not args.no_pre_reduce))
-    if isinstance(model.interaction, DotInteraction):
-        replace_module(model, "interaction", FusedDotInteraction.from_plain(model.interaction))
-    if align and not args.no_align:
-        align_linear_inputs(model)
-    if options & FP8:
-        apply_fp8(model, min_features=16 if args.small else 512, rule="widening" if "fp8w" in options else "all",
-                  grad_dtype=E4M3 if "e4m3g" in options else E5M2, rowwise="fp8t" not in options,
-                  fast_accum="fp32acc" not in options, fuse_cross="unfused" not in options,
-                  absorb="noabsorb" not in options)
-        for cross in (m for m in model.modules() if isinstance(m, Fp8CrossNet)):
-            cross.wgrad_beside = "beside" in options
-    if compile_scope == "head" and hasattr(model, "head"):
-        model.head = torch.compile(model.head, mode=args.compile_mode)  # instance attribute: forward finds it
-    elif compile_scope:
-        for name in ("dense_arch", "interaction", "over_arch"):
-            replace_module(model, name, torch.compile(model.get_submodule(name), mode=args.compile_mode))
+    return FusedEmbeddingCollection(
+        tables_for(Features.categorical(dict(zip(list(SPARSE), sizes))).sparse, args.dim), seed=0,
+        optimizer=optim[2], lr=optim[3], device=device, output_dtype=out_dtype, storage_dtype=storage,
+        check_ids=False, pre_reduce=not args.no_pre_reduce)
+
+
+def fp8_plan(args, options: set[str]) -> Fp8Plan | None:
+    """The fp8 options a path names (module doc), as `build` takes them."""
+    if not options & FP8:
+        return None
+    return Fp8Plan(min_features=16 if args.small else 512, rule="widening" if "fp8w" in options else "all",
+                   grad_dtype="e4m3" if "e4m3g" in options else "e5m2", rowwise="fp8t" not in options,
+                   fast_accum="fp32acc" not in options, fuse_cross="unfused" not in options,
+                   absorb="noabsorb" not in options, wgrad_beside="beside" in options)
+
+
+def make_fast(model: nn.Module, args, sizes: list[int], device: torch.device, optim: tuple,
+              compile_scope: str, options: set[str] = frozenset()) -> None:
+    """The fast path through `ctrflow.train.build.build`, each rewrite computing the same function: fused
+    tables (`fast_tables`), fused dot interaction, tensor-core-aligned Linear inputs, fp8 Linear layers if
+    `options` ask, and optionally torch.compile'd dense parts (`compile_scope` "parts": each dense module
+    apart; "head": the model's `head` method as one graph)."""
+    model.embeddings = fast_tables(args, sizes, device, optim, options)
+    plan = RunPlan(device=str(device), embedding="fused", autocast="bf16" if device.type == "cuda" else "fp32",
+                   fp8=fp8_plan(args, options), align_linear=not args.no_align, compile=compile_scope or "off",
+                   compile_mode=args.compile_mode)
+    build(model, plan, Runtime(0, 1, device.index or 0, device))
 
 
 def capture_step(step, device: torch.device):

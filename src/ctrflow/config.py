@@ -1,12 +1,14 @@
-"""Training configuration: frozen dataclasses in one tree; presets are plain functions.
+"""Training configuration: frozen dataclasses in one tree.
 
 `TrainConfig` holds a `DataConfig`, a `ModelConfig` and an `OptimConfig`. It round-trips through
-`to_dict` / `from_dict`, which is how checkpoints record it and trackers log it.
+`to_dict` / `from_dict`, which is how checkpoints record it and trackers log it. Config files,
+named presets (`ctrflow/presets/*.yaml`) and command-line overrides are read by
+`ctrflow.config_file`; `CHOICES` lists the values a field may take where they are few.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 MODELS = ("dlrm", "dcnv2", "deepfm", "wide_deep")
@@ -103,6 +105,7 @@ class TrainConfig:
     cuda_graphs: str = "auto"  # auto (the step as one CUDA graph where capturable: ctrflow.train.graphs) | off
     compile: str = "auto"  # auto (torch.compile the dense head, DCNv2, on CUDA with fused tables) | off
     progress: bool = True  # tqdm bar when stderr is a terminal
+    overwrite: bool = False  # train into an `out` that already holds a run (else refused)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (JSON-ready)."""
@@ -139,6 +142,21 @@ def _build(cls, raw: dict[str, Any]):
     return cls(**values)
 
 
+# fields whose values are a few names: config files, flags and checks share these lists
+CHOICES: dict[str, tuple[str, ...]] = {
+    "model.name": MODELS,
+    "device": ("auto", "cpu", "cuda"),
+    "sharding": ("auto", "table", "row", "column", "data"),
+    "embedding": ("auto", "fused", "plain"),
+    "precision": ("auto", "fp32", "bf16", "fp8"),
+    "cuda_graphs": ("auto", "off"),
+    "compile": ("auto", "off"),
+    "data.loader": ("auto", "memory", "stream"),
+    "optim.dense": ("adam", "adamw", "sgd"),
+    "optim.sparse": ("auto", "sgd", "adagrad", "adam", "lazy_adam"),
+}
+
+
 def small_config(data: str, out: str, model: str = "dlrm") -> TrainConfig:
     """CPU-sized defaults: 200,000 synthetic rows a day train one epoch in about a minute.
 
@@ -153,22 +171,13 @@ def small_config(data: str, out: str, model: str = "dlrm") -> TrainConfig:
 
 
 def criteo_1tb_config(data: str, out: str, model: str = "dlrm") -> TrainConfig:
-    """The MLPerf Criteo-1TB DLRM shape: dim 128, bottom 13-512-256-128, top 1024-1024-512-256-1.
+    """The MLPerf Criteo-1TB DLRM shape (the `mlperf-dlrm` preset: dim 128, bottom 13-512-256-128,
+    top 1024-1024-512-256-1) on `data`, written to `out`, as `model`."""
+    from ctrflow.config_file import load_config  # the preset file is the one source of the shape
 
-    # 65,536 per GPU * 8 GPUs = 524,288 per step; 4.2 B rows / 524,288 = about 8,000 steps an epoch.
-    """
-    return TrainConfig(
-        out=out,
-        data=DataConfig(path=data, batch_size=65536, eval_batch_size=262144),
-        model=ModelConfig(name=model, embedding_dim=128, bottom_mlp=(512, 256),
-                          top_mlp=(1024, 1024, 512, 256), deep_mlp=(1024, 1024, 512, 256),
-                          cross_layers=3, cross_rank=512),
-        optim=OptimConfig(lr=1e-3, sparse_lr=0.01, warmup_steps=500, decay_start_step=4000),
-        log_every=100,
-        eval_every=2000,
-        checkpoint_every=2000,
-    )
+    preset = load_config("mlperf-dlrm")
+    return replace(preset, out=out, data=replace(preset.data, path=data), model=replace(preset.model, name=model))
 
 
-__all__ = ["MODELS", "DataConfig", "ModelConfig", "OptimConfig", "TrainConfig", "criteo_1tb_config",
+__all__ = ["CHOICES", "MODELS", "DataConfig", "ModelConfig", "OptimConfig", "TrainConfig", "criteo_1tb_config",
            "small_config"]

@@ -100,22 +100,27 @@ def test_torchrun_train_takes_the_fused_path_and_resumes_on_the_cpu(tmp_path, on
     data, _ = one_gpu
     optim = ("--sparse-optimizer", "lazy_adam")
     one = _train(data, tmp_path / "one", 1, *optim, embedding="auto")
-    printed: list[str] = []
     plan = tmp_path / "plan.json"  # one table row-wise, one whole on rank 1, the small rest replicated
     plan.write_text(json.dumps({"tables": {"t_C1": "row", "t_C2": {"sharding": "table", "rank": 1}}}))
     two = _train(data, tmp_path / "two", 2, *optim, "--checkpoint-every", "10", "--plan", str(plan),
-                 embedding="auto", stdout=printed)
-    assert "2 process(es) on cuda:0; fused tables" in printed[0]
+                 embedding="auto")
+    ran = _run_plan(tmp_path / "two")
+    assert (ran["device"], ran["processes"], ran["embedding"], ran["exchange_in_place"]) == ("cuda:0", 2, "fused", "off")
     assert max(abs(a - b) / abs(b) for a, b in zip(two, one)) <= 1e-3, (one, two)
     # the automatic plan has no row-wise table: DLRM's interaction reads the exchange buffers in place
-    printed.clear()
-    in_place = _train(data, tmp_path / "in_place", 2, *optim, embedding="auto", stdout=printed)
-    assert "fused tables (interaction reads the exchange in place)" in printed[0]
+    in_place = _train(data, tmp_path / "in_place", 2, *optim, embedding="auto")
+    assert (_run_plan(tmp_path / "in_place")["embedding"], _run_plan(tmp_path / "in_place")["exchange_in_place"]) \
+        == ("fused", "on")
     assert max(abs(a - b) / abs(b) for a, b in zip(in_place, one)) <= 1e-3, (one, in_place)
     (tmp_path / "two" / "latest").write_text("step_00000010\n")  # resume the 2-GPU run's step 10 ...
     resumed = _train(data, tmp_path / "cpu", 1, *optim, "--resume", str(tmp_path / "two"), embedding="plain",
                      device="cpu")  # ... on one CPU process, plain tables
     assert len(resumed) == 20 and max(abs(a - b) / abs(b) for a, b in zip(resumed[10:], one[10:])) <= 1e-3
+
+
+def _run_plan(out: Path) -> dict:
+    """The run plan a run recorded (`CKPT/config.json`)."""
+    return json.loads((out / "config.json").read_text())["plan"]
 
 
 def _metrics(out: Path) -> tuple[dict[int, float], dict[int, float]]:
@@ -128,14 +133,14 @@ def test_torchrun_train_graphs_the_step_like_the_eager_one_and_exits(tmp_path, o
     data, _ = one_gpu
     monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)  # as a user runs it (gpu_h200x4.sh sets it)
     flags = ("--sparse-optimizer", "lazy_adam", "--eval-every", "5", "--checkpoint-every", "10")
-    printed: list[str] = []
     # a hang in NCCL's teardown (a graph still holding its calls) would hit the 240 s limit
-    _train(data, tmp_path / "eager", 2, *flags, "--cuda-graphs", "off", embedding="auto", stdout=printed,
-           timeout=240)
-    assert "whole step one CUDA graph" not in printed[0]
-    _train(data, tmp_path / "graph", 2, *flags, embedding="auto", stdout=printed, timeout=240)
-    assert "fused tables (interaction reads the exchange in place)" in printed[1]
-    assert "dense gradients averaged by the step (no DDP), whole step one CUDA graph" in printed[1]
+    _train(data, tmp_path / "eager", 2, *flags, "--cuda-graphs", "off", embedding="auto", timeout=240)
+    eager = _run_plan(tmp_path / "eager")
+    assert (eager["cuda_graphs"], eager["dense_sync"], eager["compile"]) == ("off", "ddp", "off")
+    _train(data, tmp_path / "graph", 2, *flags, embedding="auto", timeout=240)
+    graph = _run_plan(tmp_path / "graph")
+    assert (graph["embedding"], graph["exchange_in_place"], graph["cuda_graphs"], graph["dense_sync"],
+            graph["compile"]) == ("fused", "on", "on", "average", "parts")
     (eager_loss, eager_auc), (graph_loss, graph_auc) = _metrics(tmp_path / "eager"), _metrics(tmp_path / "graph")
     assert len(graph_loss) == 20 and sorted(graph_auc) == sorted(eager_auc) == [5, 10, 15, 20]
     loss_gap = max(abs(graph_loss[k] - eager_loss[k]) / abs(eager_loss[k]) for k in eager_loss)

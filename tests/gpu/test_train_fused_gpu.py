@@ -3,6 +3,7 @@ learns like the plain path, and its checkpoint loads on the CPU with the same pr
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -27,10 +28,12 @@ def config(data, out, **kw) -> TrainConfig:
                        device="cuda", epochs=2, progress=False, log_every=10, **kw)
 
 
-def test_gpu_train_defaults_to_fused_and_matches_the_plain_path(tmp_path, capsys):
+def test_gpu_train_defaults_to_fused_and_matches_the_plain_path(tmp_path):
     data = write_processed(tmp_path / "data", train_rows=1024 * 30, valid_rows=8192, cardinality=60)
     fast = train(config(data, tmp_path / "fast"))
-    assert "fused tables, bf16 autocast" in capsys.readouterr().out
+    ran = json.loads((tmp_path / "fast" / "config.json").read_text())["plan"]
+    assert (ran["embedding"], ran["precision.dense"], ran["precision.lookups"], ran["cuda_graphs"], ran["compile"],
+            ran["align_linear"]) == ("fused", "bf16 autocast", "bf16", "on", "parts", "on")
     plain = train(config(data, tmp_path / "plain", embedding="plain", precision="fp32"))
     assert fast["valid_auc"] > 0.6
     assert abs(fast["valid_auc"] - plain["valid_auc"]) < 0.01, (fast, plain)

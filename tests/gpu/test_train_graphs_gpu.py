@@ -53,11 +53,13 @@ def test_graphed_steps_equal_eager_steps(data, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
                     reason="fp8 tensor cores need compute capability 8.9+")
-def test_compiled_and_fp8_runs_learn_like_bf16(data, tmp_path, capsys):
+def test_compiled_and_fp8_runs_learn_like_bf16(data, tmp_path):
     plain = train(config(data, tmp_path / "plain", embedding="plain", precision="fp32"))
     fast = train(config(data, tmp_path / "fast"))  # defaults: fused tables, compiled head, graph
     fp8 = train(config(data, tmp_path / "fp8", precision="fp8"))
-    assert "+ fp8 Linear" in capsys.readouterr().out
+    ran = json.loads((tmp_path / "fp8" / "config.json").read_text())
+    assert (ran["plan"]["compile"], ran["plan"]["cuda_graphs"], ran["resolved"]["precision"]) == ("head", "on", "fp8")
+    assert ran["plan"]["precision.wide_linear"].startswith("fp8")
     assert fast["valid_auc"] > 0.6
     assert abs(fast["valid_auc"] - plain["valid_auc"]) < 0.01, (fast, plain)
     assert abs(fp8["valid_auc"] - plain["valid_auc"]) < 0.01, (fp8, plain)

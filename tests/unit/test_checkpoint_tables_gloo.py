@@ -6,6 +6,7 @@ one-hot tables."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import weakref
 
@@ -24,9 +25,10 @@ from ctrflow.features import Feature, Features
 from ctrflow.models import build_model
 from ctrflow.checkpoint import restore_checkpoint, save_checkpoint
 from ctrflow.schema import Schema
-from ctrflow.train.distributed import Runtime, parallelize
-from ctrflow.train.fused import FusedTables, fused_collections, sharded_options
-from ctrflow.train.optim import build_optimizers, sparse_memory
+from ctrflow.train.build import build as build_run, plan_run
+from ctrflow.train.distributed import Runtime
+from ctrflow.train.fused import FusedTables
+from ctrflow.train.optim import build_optimizers
 from bag_fixtures import bag_batches
 from test_checkpoint_tables import SCHEMA, assert_same, config, snapshot, train_steps
 
@@ -42,13 +44,16 @@ CASES = {"plain": ("lazy_adam", False, "row", "column", SCHEMA), "fused": ("adag
 
 
 def build_sharded(cfg, runtime, fused: bool, sharding: str, seed: int = 0, schema=SCHEMA):
-    """What `ctrflow train` builds under torchrun: tables drawn shard by shard, dense part under DDP."""
+    """What `ctrflow train` builds under torchrun (`ctrflow.train.build`): tables drawn shard by shard,
+    dense part under DDP."""
+    cfg = dataclasses.replace(cfg, sharding=sharding, embedding="fused" if fused else "plain")
     with deferred_tables():
         model = build_model("dlrm", schema, cfg.model.embedding_dim, seed=seed, **cfg.model.arch_kwargs())
-    options = sharded_options(cfg.optim, None) if fused else None
-    model = parallelize(model, runtime, sharding, None, sparse_memory(cfg.optim), options)
-    tables = FusedTables(fused_collections(model), cfg.optim.sparse) if fused else None
-    return model, build_optimizers(model, cfg.optim, tables)
+    plan = plan_run(cfg, runtime, model)
+    assert plan.dense_sync == "ddp" and plan.embedding == ("fused" if fused else "plain")
+    built = build_run(model, plan, runtime)
+    tables = FusedTables(built.fused, cfg.optim.sparse) if fused else None
+    return built.model, build_optimizers(built.model, cfg.optim, tables)
 
 
 class GatherLog:

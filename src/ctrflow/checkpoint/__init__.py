@@ -8,8 +8,9 @@ Layout of a checkpoint directory `CKPT/`:
 `dense.pt` holds the dense weights; `optimizer.pt` the dense optimizer's state and the sparse one's
 step count, lr and kinds; each table and each of its state tensors has a file of its own, written
 one at a time so rank 0 never holds the whole model (format 2). `meta.json` records step, epoch,
-batch index, the model's name and architecture, the config, the table files and each file's
-sha256. A step directory is written under a temporary name and renamed when complete.
+batch index, the model's name and architecture, the config asked for, the config resolved (every
+`auto` as the run chose it) and the run plan, the table files and each file's sha256. A step
+directory is written under a temporary name and renamed when complete.
 Format 1 (one `model.pt` with every table, one `optimizer.pt` with every table's state) still reads.
 """
 
@@ -142,11 +143,14 @@ def sha256(path: Path) -> str:
 
 
 def save_checkpoint(out: str | Path, model: nn.Module, optimizers: Optimizers, position: dict[str, int],
-                    config: TrainConfig, schema: Schema, runtime: Runtime, metrics: dict | None = None) -> Path:
+                    config: TrainConfig, schema: Schema, runtime: Runtime, metrics: dict | None = None,
+                    run: dict[str, Any] | None = None) -> Path:
     """Write `out/step_<step>/` atomically and point `out/latest` at it; returns the step directory.
 
     `position` is {"step", "epoch", "batch"}: the next step resumes at global batch `batch` of
-    `epoch`. Every process calls this (tables may be gathered); rank 0 writes.
+    `epoch`. `run`: the run's record (`ctrflow.train.build.run_record`): its `resolved` config and
+    `plan` go into `meta.json` beside the `config` asked for. Every process calls this (tables may be
+    gathered); rank 0 writes.
     """
     out = Path(out)
     final = out / f"step_{position['step']:08d}"
@@ -165,6 +169,7 @@ def save_checkpoint(out: str | Path, model: nn.Module, optimizers: Optimizers, p
         schema.save(tmp / "schema.json")
         digests["schema.json"] = sha256(tmp / "schema.json")
         meta = {"format": FORMAT, **position, "model": model_meta(config), "config": config.to_dict(),
+                **{k: v for k, v in (run or {}).items() if k in ("resolved", "plan")},
                 "world_size": runtime.world_size,
                 "metrics": metrics or {}, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "files": files, "sha256": digests}

@@ -1,108 +1,167 @@
 """`ctrflow train`: train a ranking model on processed data; checkpoints and metrics.jsonl in --out.
 
 Runs alone (one process, CPU or one GPU) or under `torchrun --nproc-per-node N -m ctrflow train`.
+The run is `--config FILE|PRESET` (optional) with the flags given on the command line over it; every
+field of `ctrflow.config.TrainConfig` has a flag. `--print-config` prints the whole as YAML and exits.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
+from typing import Any
 
-from ctrflow.config import MODELS, DataConfig, ModelConfig, OptimConfig, TrainConfig
+from ctrflow.config import CHOICES, TrainConfig
+from ctrflow.errors import UserError
 from ctrflow.tracking import NullTracker, add_tracking_flags, tracker_from_args
+
+NONE = "none"  # the value that sets an optional field to null from the command line
+
+
+def widths(text: str) -> tuple[int, ...]:
+    """`"512,256,128"` -> (512, 256, 128) (an MLP's hidden widths; "" for none)."""
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated widths like 512,256, got {text!r}") from None
+    if any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"widths must be positive, got {text!r}")
+    return values
+
+
+def optional(kind):
+    """A flag type that also takes `none` (the field's null: e.g. no decay, torch's thread count)."""
+    def parse(text: str):
+        return NONE if text.lower() == NONE else kind(text)
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+# (flag, config field, argparse options, help): every TrainConfig field, the flags' one table
+FLAGS: list[tuple[str, str, dict[str, Any], str]] = [
+    ("--data", "data.path", {"metavar": "DIR"}, "processed data directory (ctrflow preprocess --out)"),
+    ("--out", "out", {"metavar": "CKPT"}, "checkpoint directory to write"),
+    ("--model", "model.name", {}, "ranking model"),
+    ("--embedding-dim", "model.embedding_dim", {"type": int}, "embedding width"),
+    ("--bottom-mlp", "model.bottom_mlp", {"type": widths, "metavar": "W,W,..."},
+     "dense arch hidden widths (then -> embedding dim)"),
+    ("--top-mlp", "model.top_mlp", {"type": widths, "metavar": "W,W,..."}, "DLRM over arch hidden widths (then -> 1)"),
+    ("--deep-mlp", "model.deep_mlp", {"type": widths, "metavar": "W,W,..."},
+     "DCNv2 / DeepFM / Wide&Deep deep MLP hidden widths (then -> 1)"),
+    ("--cross-layers", "model.cross_layers", {"type": int}, "DCNv2 cross layers"),
+    ("--cross-rank", "model.cross_rank", {"type": int}, "DCNv2 low-rank factor of each cross layer"),
+    ("--dropout", "model.dropout", {"type": float}, "share of each hidden activation of the over arch / deep MLP "
+                                                    "dropped while training"),
+    ("--epochs", "epochs", {"type": int}, "passes over the train split"),
+    ("--max-steps", "max_steps", {"type": optional(int)}, "stop after this many steps in all (none: the epochs)"),
+    ("--batch-size", "data.batch_size", {"type": int}, "global batch (split across processes)"),
+    ("--eval-batch-size", "data.eval_batch_size", {"type": int}, "validation batch"),
+    ("--shuffle", "data.shuffle", {"action": argparse.BooleanOptionalAction}, "shuffle the train split each epoch"),
+    ("--prefetch", "data.prefetch", {"type": int}, "batches prepared ahead by the loader thread"),
+    ("--loader", "data.loader", {}, "train split: memory (read whole; on the GPU when it takes <= 1/16 of its "
+                                    "memory) or stream (row groups through shuffle windows, bounded memory); "
+                                    "auto: memory when it fits"),
+    ("--shuffle-window", "data.shuffle_window", {"type": int, "metavar": "ROWS"},
+     "--loader stream: rows shuffled together (2 x 160 B each in host and in GPU memory)"),
+    ("--lanes", "data.lanes", {"type": int}, "--loader stream: row streams per global batch; the batches are the "
+                                             "same for any process count dividing it"),
+    ("--loader-threads", "data.loader_threads", {"type": optional(int)},
+     "--loader stream: Parquet decode threads per process (none: cores / processes, <= 16)"),
+    ("--limit-train-batches", "data.limit_train_batches", {"type": optional(int)}, "batches per epoch (smoke runs)"),
+    ("--limit-eval-batches", "data.limit_eval_batches", {"type": optional(int)}, "validation batches"),
+    ("--dense-optimizer", "optim.dense", {}, "optimizer of the dense layers"),
+    ("--lr", "optim.lr", {"type": float}, "dense learning rate"),
+    ("--weight-decay", "optim.weight_decay", {"type": float}, "dense weight decay"),
+    ("--sparse-optimizer", "optim.sparse", {}, "embedding optimizer (auto: lazy_adam on tables of "
+                                               "--large-table-rows or more, adam below; fused: lazy_adam)"),
+    ("--sparse-lr", "optim.sparse_lr", {"type": optional(float)}, "embedding learning rate (none: --lr)"),
+    ("--large-table-rows", "optim.large_table_rows", {"type": int}, "--sparse-optimizer auto: lazy_adam from here"),
+    ("--warmup-steps", "optim.warmup_steps", {"type": int}, "linear learning-rate warmup from 0"),
+    ("--decay-start-step", "optim.decay_start_step", {"type": optional(int)},
+     "polynomial learning-rate decay from this step (none: no decay)"),
+    ("--decay-steps", "optim.decay_steps", {"type": int}, "steps the decay takes (0: until the run's last step)"),
+    ("--decay-power", "optim.decay_power", {"type": float}, "the decay polynomial's power"),
+    ("--min-lr-factor", "optim.min_lr_factor", {"type": float}, "the factor of the learning rate the decay ends at"),
+    ("--seed", "seed", {"type": int}, "seed of the weights, the shuffle and dropout"),
+    ("--log-every", "log_every", {"type": int}, "steps between metrics.jsonl records"),
+    ("--eval-every", "eval_every", {"type": int}, "steps between validation AUCs (0: at each epoch's end)"),
+    ("--checkpoint-every", "checkpoint_every", {"type": int}, "steps between checkpoints (0: at each epoch's end)"),
+    ("--keep-checkpoints", "keep_checkpoints", {"type": int}, "step directories kept (the newest)"),
+    ("--resume", "resume", {"type": optional(str), "metavar": "CKPT"}, "continue from a checkpoint"),
+    ("--overwrite", "overwrite", {"action": argparse.BooleanOptionalAction},
+     "train into an --out that already holds a run"),
+    ("--device", "device", {}, "where to train (auto: a GPU when there is one)"),
+    ("--threads", "threads", {"type": optional(int)},
+     "CPU threads for torch (none: torch's choice; 1 is fastest on a busy machine)"),
+    ("--sharding", "sharding", {}, "how N processes split the embedding tables (auto: planned from sizes and "
+                                   "memory)"),
+    ("--plan", "plan", {"type": optional(str), "metavar": "FILE"}, "JSON sharding plan: per-table choices"),
+    ("--embedding", "embedding", {}, "tables: fused (Triton kernels, optimizer step in backward; auto: on CUDA, "
+                                     "under torchrun each rank's shards unless a table is column-wise) or plain "
+                                     "PyTorch"),
+    ("--precision", "precision", {}, "dense part (auto: bf16 autocast on CUDA, fp32 on the CPU; fp8: bf16 autocast "
+                                     "and the Linear layers >= 512 wide in fp8, CUDA compute capability 8.9+)"),
+    ("--cuda-graphs", "cuda_graphs", {}, "auto: a CUDA run with every table fused replays each step as one CUDA "
+                                         "graph"),
+    ("--compile", "compile", {}, "auto: torch.compile the dense layers on CUDA with fused tables (one process, "
+                                 "or torchrun's graphed step)"),
+    ("--deterministic", "deterministic", {"action": argparse.BooleanOptionalAction},
+     "deterministic kernels (slower)"),
+    ("--progress", "progress", {"action": argparse.BooleanOptionalAction}, "progress bar on a terminal"),
+]
+
+
+def _default(key: str) -> Any:
+    value: Any = TrainConfig()
+    for part in key.split("."):
+        value = getattr(value, part)
+    return ",".join(map(str, value)) if isinstance(value, tuple) else value
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Flags of `ctrflow train`."""
-    d, m, o, t = DataConfig(), ModelConfig(), OptimConfig(), TrainConfig()
-    parser.add_argument("--data", required=True, help="processed data directory (ctrflow preprocess --out)")
-    parser.add_argument("--model", choices=MODELS, default=m.name)
-    parser.add_argument("--out", required=True, help="checkpoint directory to write")
-    parser.add_argument("--epochs", type=int, default=t.epochs)
-    parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps in all")
-    parser.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch (split across processes)")
-    parser.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size)
-    parser.add_argument("--loader", choices=("auto", "memory", "stream"), default=d.loader,
-                        help="train split: memory (read whole; on the GPU when it takes <= 1/16 of its memory) or "
-                             "stream (row groups through shuffle windows, bounded memory); auto: memory when it fits")
-    parser.add_argument("--shuffle-window", type=int, default=d.shuffle_window, metavar="ROWS",
-                        help="--loader stream: rows shuffled together (2 x 160 B each in host and in GPU memory)")
-    parser.add_argument("--lanes", type=int, default=d.lanes,
-                        help="--loader stream: row streams per global batch; the batches are the same for any "
-                             "process count dividing it")
-    parser.add_argument("--loader-threads", type=int, default=None,
-                        help="--loader stream: Parquet decode threads per process (default: cores / processes, <= 16)")
-    parser.add_argument("--embedding-dim", type=int, default=m.embedding_dim)
-    parser.add_argument("--lr", type=float, default=o.lr, help="dense learning rate")
-    parser.add_argument("--sparse-lr", type=float, default=o.sparse_lr, help="embedding learning rate")
-    parser.add_argument("--dense-optimizer", choices=("adam", "adamw", "sgd"), default=o.dense)
-    parser.add_argument("--sparse-optimizer", choices=("auto", "sgd", "adagrad", "adam", "lazy_adam"), default=o.sparse,
-                        help="embedding optimizer (auto: lazy_adam on tables of --large-table-rows or more, "
-                             "adam below)")
-    parser.add_argument("--large-table-rows", type=int, default=o.large_table_rows)
-    parser.add_argument("--sharding", choices=("auto", "table", "row", "column", "data"), default=t.sharding,
-                        help="how N processes split the embedding tables (auto: planned from sizes and memory)")
-    parser.add_argument("--plan", default=None, metavar="FILE", help="JSON sharding plan: per-table choices")
-    parser.add_argument("--warmup-steps", type=int, default=o.warmup_steps)
-    parser.add_argument("--decay-start-step", type=int, default=o.decay_start_step,
-                        help="polynomial LR decay from this step to the end (default: no decay)")
-    parser.add_argument("--seed", type=int, default=t.seed)
-    parser.add_argument("--log-every", type=int, default=t.log_every, help="steps between metrics.jsonl records")
-    parser.add_argument("--eval-every", type=int, default=t.eval_every,
-                        help="steps between validation AUCs (0: at each epoch's end)")
-    parser.add_argument("--checkpoint-every", type=int, default=t.checkpoint_every,
-                        help="steps between checkpoints (0: at each epoch's end)")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=t.device)
-    parser.add_argument("--threads", type=int, default=None,
-                        help="CPU threads for torch (default: torch's choice; 1 is fastest on a busy machine)")
-    parser.add_argument("--resume", default=None, metavar="CKPT", help="continue from a checkpoint")
-    parser.add_argument("--limit-train-batches", type=int, default=None, help="batches per epoch (smoke runs)")
-    parser.add_argument("--limit-eval-batches", type=int, default=None)
-    parser.add_argument("--deterministic", action="store_true", help="deterministic kernels (slower)")
-    parser.add_argument("--embedding", choices=("auto", "fused", "plain"), default=t.embedding,
-                        help="tables: fused (Triton kernels, optimizer step in backward; auto: on CUDA, under torchrun "
-                             "each rank's shards unless a table is column-wise) or plain PyTorch")
-    parser.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp8"), default=t.precision,
-                        help="dense part (auto: bf16 autocast on CUDA, fp32 on the CPU; fp8: bf16 autocast "
-                             "and the Linear layers >= 512 wide in fp8, CUDA compute capability 8.9+)")
-    parser.add_argument("--cuda-graphs", choices=("auto", "off"), default=t.cuda_graphs,
-                        help="auto: one CUDA process with fused tables replays each step as one CUDA graph")
-    parser.add_argument("--compile", choices=("auto", "off"), default=t.compile,
-                        help="auto: torch.compile the dense layers on CUDA with fused tables (one process, "
-                             "or torchrun's graphed step)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    """Flags of `ctrflow train`: `--config`, `--print-config` and one flag per config field, each
+    defaulting to None (not given) so that only the flags given override the file."""
+    from ctrflow.config_file import preset_names
+
+    parser.add_argument("--config", metavar="FILE|PRESET", default=None,
+                        help="YAML or JSON file of config fields (flags override it), or a preset: "
+                             + ", ".join(preset_names()))
+    parser.add_argument("--print-config", action="store_true", help="print the whole config as YAML and exit")
+    for flag, key, options, text in FLAGS:
+        if key in CHOICES:
+            options = {"choices": CHOICES[key], **options}
+        if "type" in options and "metavar" not in options:
+            options = {"metavar": {"int": "N", "float": "X"}.get(options["type"].__name__, "VALUE"), **options}
+        default = _default(key)
+        shown = "" if key in ("out", "data.path") else f" (default: {'none' if default is None else default})"
+        parser.add_argument(flag, dest=key, default=None, help=text + shown, **options)
     add_tracking_flags(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """The `TrainConfig` the flags describe (defaults from the dataclasses)."""
-    base = TrainConfig()
-    return dataclasses.replace(
-        base,
-        out=args.out,
-        data=dataclasses.replace(base.data, path=args.data, batch_size=args.batch_size,
-                                 eval_batch_size=args.eval_batch_size, limit_train_batches=args.limit_train_batches,
-                                 limit_eval_batches=args.limit_eval_batches, loader=args.loader,
-                                 shuffle_window=args.shuffle_window, lanes=args.lanes,
-                                 loader_threads=args.loader_threads),
-        model=dataclasses.replace(base.model, name=args.model, embedding_dim=args.embedding_dim),
-        optim=dataclasses.replace(base.optim, dense=args.dense_optimizer, lr=args.lr, sparse_lr=args.sparse_lr,
-                                  sparse=args.sparse_optimizer, large_table_rows=args.large_table_rows,
-                                  warmup_steps=args.warmup_steps, decay_start_step=args.decay_start_step),
-        epochs=args.epochs, max_steps=args.max_steps, seed=args.seed, log_every=args.log_every,
-        eval_every=args.eval_every, checkpoint_every=args.checkpoint_every, device=args.device, threads=args.threads,
-        resume=args.resume, deterministic=args.deterministic, progress=not args.no_progress,
-        sharding=args.sharding, plan=args.plan, embedding=args.embedding, precision=args.precision,
-        cuda_graphs=args.cuda_graphs, compile=args.compile,
-    )
+    """The `TrainConfig` of `--config` (or the defaults) with the flags given over it."""
+    from ctrflow.config_file import load_config
+
+    given = {key: getattr(args, key) for _flag, key, _options, _text in FLAGS if getattr(args, key) is not None}
+    overrides = {key: None if value == NONE else value for key, value in given.items()}
+    return load_config(args.config, overrides)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Train; prints the final validation AUC and the checkpoint path."""
+    """Train (or, with --print-config, print the config); prints the final validation AUC and the checkpoint."""
+    config = config_from_args(args)
+    if args.print_config:
+        from ctrflow.config_file import to_yaml
+
+        print(to_yaml(config), end="")
+        return 0
+    missing = [flag for flag, key, value in (("--data", "data.path", config.data.path), ("--out", "out", config.out))
+               if not value]
+    if missing:
+        raise UserError(f"{' and '.join(missing)} required (on the command line or in --config)")
     from ctrflow.train.loop import train  # torch is imported only when training runs
 
-    config = config_from_args(args)
     # under torchrun only rank 0 opens a tracking run
     tracker = tracker_from_args(args, "train") if int(os.environ.get("RANK", 0)) == 0 else NullTracker()
     with tracker:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -15,6 +16,9 @@ import torch.distributed as dist
 from torch import nn
 
 from ctrflow.errors import UserError
+
+if TYPE_CHECKING:
+    from ctrflow.embedding.plan import ShardingPlan
 
 
 @dataclass(frozen=True)
@@ -75,26 +79,20 @@ def print0(*args, **kwargs) -> None:
         print(*args, **kwargs, flush=True)
 
 
-def parallelize(model: nn.Module, runtime: Runtime, sharding: str = "auto", plan_file: str | None = None,
-                memory_of=None, fused: dict | None = None, data_parallel: bool = True) -> nn.Module:
-    """Hybrid parallelism, in place: for N processes the embedding tables are sharded by a plan
-    (`--sharding`, `--plan`; printed on rank 0) and the dense part runs under DDP; for one
-    process the model only moves to the device. Every process calls this (collective).
-    `fused`: the fused sharded collections' options (their auto plan keeps large tables whole
-    where they fit, for static all-to-all sizes, and replicates tables up to 32 MiB).
-    `data_parallel=False`: no DDP; the caller averages the dense gradients (`DenseAverage`) or
-    applies DDP later (`apply_data_parallel`: it keeps the parameters, so optimizers built in between hold)."""
+def parallelize(model: nn.Module, runtime: Runtime, plan: ShardingPlan | None = None, fused: dict | None = None,
+                data_parallel: bool = True) -> nn.Module:
+    """Hybrid parallelism, in place: for N processes the embedding tables are sharded by `plan`
+    (`ctrflow.train.build.plan_run` makes it) and, with `data_parallel`, the dense part runs under
+    DDP; for one process the model only moves to the device. Every process calls this (collective).
+    `fused`: the fused sharded collections' options (`ctrflow.train.fused.sharded_options`).
+    `data_parallel=False`: no DDP; the step averages the dense gradients itself (`DenseAverage`)."""
     if not runtime.distributed:
         return model.to(runtime.device)
-    from ctrflow.embedding.parallelize import apply_embedding_sharding, model_tables, plan_model
+    from ctrflow.embedding.parallelize import apply_embedding_sharding
     from ctrflow.embedding.parallelize import parallelize as shard_and_replicate
 
-    from ctrflow.embedding.plan import FUSED_REPLICATE_BYTES, REPLICATE_BYTES
-
-    plan = plan_model(model, runtime.world_size, sharding, plan_file, runtime.device, memory_of=memory_of,
-                      large="table" if fused is not None else "row",
-                      replicate_bytes=FUSED_REPLICATE_BYTES if fused is not None else REPLICATE_BYTES)
-    print0("ctrflow train: sharding plan\n" + plan.describe(model_tables(model), memory_of))
+    if plan is None:
+        raise ValueError("parallelize: N processes need a sharding plan")
     # fused tables skip the per-step id check (a host sync), as in one process: the loader checked the ids
     if data_parallel:
         return shard_and_replicate(model, plan, runtime.device, check_ids=fused is None, fused=fused)

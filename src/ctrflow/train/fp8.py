@@ -185,20 +185,29 @@ def apply_fp8(model: nn.Module, min_features: int = 512, rule: str = "all", fast
                     "fp8_dgrad": linear.in_features >= linear.out_features} if rule == "widening" else {}
         setattr(parent, leaf, Fp8Linear.from_linear(linear, fast_accum=fast_accum, **{**products, **options}))
     if fuse_cross:
-        from ctrflow.train.fp8_cross import Fp8CrossNet  # it builds on this module's layers
-
-        crosses = [name for name, m in model.named_modules()
-                   if name and type(m) is LowRankCrossNet and Fp8CrossNet.suits(m)]
-        for name in crosses:
-            parent_name, _, leaf = name.rpartition(".")
-            parent = model.get_submodule(parent_name) if parent_name else model
-            cross = Fp8CrossNet.from_cross(getattr(parent, leaf))
-            setattr(parent, leaf, cross)
-            after = getattr(parent, "over_arch", None)  # DCNv2: its deep MLP reads the cross layers' output
-            if absorb and isinstance(after, nn.Sequential) and len(after) and \
-                    (absorbed := cross.absorb(after[0])) is not None:
-                after[0] = absorbed
+        _fuse_crosses(model, absorb)
     return len(targets)
+
+
+def _fuse_crosses(model: nn.Module, absorb: bool) -> None:
+    """Cross nets whose products are all fp8 with row scales become `Fp8CrossNet`s: a ranking model's
+    `interaction` (DCNv2), absorbing the first layer of its `over_arch` (the deep MLP, which reads the
+    cross layers' output), or, in any other module, every `LowRankCrossNet` found."""
+    from ctrflow.models import RankingModel
+    from ctrflow.train.fp8_cross import Fp8CrossNet  # it builds on this module's layers
+
+    if isinstance(model, RankingModel):
+        if type(model.interaction) is LowRankCrossNet and Fp8CrossNet.suits(model.interaction):
+            model.interaction = cross = Fp8CrossNet.from_cross(model.interaction)
+            first = model.over_arch[0]
+            if absorb and (absorbed := cross.absorb(first)) is not None:
+                model.over_arch[0] = absorbed
+        return
+    for name in [name for name, m in model.named_modules() if name and type(m) is LowRankCrossNet
+                 and Fp8CrossNet.suits(m)]:
+        parent_name, _, leaf = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, leaf, Fp8CrossNet.from_cross(getattr(parent, leaf)))
 
 
 def check_fp8_device(device: torch.device) -> None:

@@ -4,7 +4,9 @@ One process on a CUDA GPU (with Triton) trains its embedding collections as
 `FusedEmbeddingCollection`s, which apply their own optimizer step in backward, so the loop builds
 no sparse optimizer for them; DLRM's interaction becomes `FusedDotInteraction`. Under torchrun
 each rank holds its shards in a `FusedShardedEmbeddingCollection` (the same kernels behind the
-all-to-all; `parallelize(..., fused=sharded_options(...))`). The swap keeps the
+all-to-all; `parallelize(..., fused=sharded_options(...))`). `ctrflow.train.build` decides and
+applies both; the swaps act on the model's typed parts (`embeddings`, `linear_embeddings`,
+`interaction`). The swap keeps the
 tables' names and values, so checkpoints hold whole tables and optimizer state in the plain
 `SparseOptimizer`'s format, and load on any path (CPU, fused, N processes).
 """
@@ -20,8 +22,9 @@ from ctrflow.config import OptimConfig, TrainConfig
 from ctrflow.embedding.collection import EmbeddingCollection
 from ctrflow.embedding.fused import FusedEmbeddingCollection, ops
 from ctrflow.embedding.fused.interaction import FusedDotInteraction
+from ctrflow.embedding.fused.sharded import FusedShardedEmbeddingCollection
 from ctrflow.errors import UserError
-from ctrflow.models import embedding_collections, replace_module
+from ctrflow.models import RankingModel
 from ctrflow.models.layers import DotInteraction
 from ctrflow.train.distributed import Runtime
 from ctrflow.train.fp8 import check_fp8_device
@@ -30,6 +33,9 @@ from ctrflow.train.fp8 import check_fp8_device
 # "auto" on the fused path is LazyAdam for every table (the fused Adam touches only seen rows)
 FUSED_KINDS = {"sgd": ("sgd", "sgd"), "adagrad": ("rowwise_adagrad", "adagrad"),
                "lazy_adam": ("adam", "lazy_adam"), "auto": ("adam", "lazy_adam")}
+# the backward's one-hot pre-reduction is a tensor-core product: collections of at least 16 columns fuse
+FUSED_MIN_DIM = 16
+FUSED_COLLECTIONS = (FusedEmbeddingCollection, FusedShardedEmbeddingCollection)
 _STATE = {"sgd": {}, "adagrad": {"sum": "state1"}, "lazy_adam": {"exp_avg": "state1", "exp_avg_sq": "state2"}}
 
 
@@ -72,16 +78,17 @@ def sharded_options(cfg: OptimConfig, output_dtype: torch.dtype | None) -> dict[
             "output_dtype": output_dtype or torch.float32}
 
 
-def swap_interactions(model: nn.Module) -> None:
-    """DLRM's dot interaction becomes the fused one (same function, no weights)."""
-    for path, module in list(model.named_modules()):
-        if type(module) is DotInteraction:
-            replace_module(model, path, FusedDotInteraction.from_plain(module))
+def swap_interactions(model: RankingModel) -> None:
+    """DLRM's dot interaction (`model.interaction`) becomes the fused one (same function, no weights)."""
+    if type(model.interaction) is DotInteraction:
+        model.interaction = FusedDotInteraction.from_plain(model.interaction)
 
 
-def fused_collections(model: nn.Module) -> dict[str, nn.Module]:
-    """The collections of `model` that train themselves (fused, sharded or not)."""
-    return {path: coll for path, coll in embedding_collections(model).items() if hasattr(coll, "table_states")}
+def fused_collections(model: RankingModel) -> dict[str, nn.Module]:
+    """The collections of `model` (`embeddings`, `linear_embeddings`) that train themselves (fused,
+    sharded or not), by attribute name."""
+    parts = {"embeddings": model.embeddings, "linear_embeddings": model.linear_embeddings}
+    return {path: coll for path, coll in parts.items() if isinstance(coll, FUSED_COLLECTIONS)}
 
 
 def autocast_dtype(config: TrainConfig, runtime: Runtime) -> torch.dtype | None:
@@ -97,20 +104,21 @@ def autocast_dtype(config: TrainConfig, runtime: Runtime) -> torch.dtype | None:
     return torch.bfloat16
 
 
-def apply_fused(model: nn.Module, cfg: OptimConfig, device: torch.device,
+def apply_fused(model: RankingModel, cfg: OptimConfig, device: torch.device,
                 output_dtype: torch.dtype | None) -> dict[str, FusedEmbeddingCollection]:
-    """Swap, in place, every plain collection of dim >= 16 for a fused one on `device` (same tables,
-    same weights) and a DLRM dot interaction for the fused one; returns the fused collections by path."""
+    """Swap, in place, the model's plain collections (`embeddings`, `linear_embeddings`) of dim >=
+    `FUSED_MIN_DIM` for fused ones on `device` (same tables, same weights) and a DLRM dot interaction
+    for the fused one; returns the fused collections by attribute name."""
     rule = FUSED_KINDS[cfg.sparse][0]
     lr = cfg.lr if cfg.sparse_lr is None else cfg.sparse_lr
     fused = {}
-    for path, coll in embedding_collections(model).items():
-        # the backward's one-hot pre-reduction is a tensor-core product: at least 16 columns
-        if isinstance(coll, EmbeddingCollection) and coll.tables[0].embedding_dim >= 16:
+    for path in ("embeddings", "linear_embeddings"):
+        coll = getattr(model, path)
+        if isinstance(coll, EmbeddingCollection) and coll.embedding_dim >= FUSED_MIN_DIM:
             fused[path] = FusedEmbeddingCollection.from_collection(
                 coll, optimizer=rule, lr=lr, device=device, output_dtype=output_dtype or torch.float32,
                 check_ids=False)  # the loader checked every id on the host
-            replace_module(model, path, fused[path])
+            setattr(model, path, fused[path])
     swap_interactions(model)
     return fused
 

@@ -19,11 +19,11 @@ table: no host sync) and the dense part is not under DDP: the step averages its 
 (the eager collectives of validation and checkpoints run between replays); it is captured with
 `capture_error_mode="thread_local"` (NCCL's watchdog thread keeps running) and must be released
 (`GraphedStep.release`) before the process group is destroyed. `use_graphs` checks this;
-otherwise the loop keeps its eager step.
+otherwise the loop keeps its eager step. `ctrflow.train.build.plan_run` decides both.
 
-`compile_dense` torch.compiles what follows the lookup (`model.head` where the model has one: one
-inductor graph for DCNv2's concatenation, cross layers and deep MLP; DLRM's MLPs and interaction each
-apart), on one process and under torchrun where the step averages the dense gradients itself.
+`compile_dense` torch.compiles what follows the lookup (`model.head`: one inductor graph for DCNv2's
+concatenation, cross layers and deep MLP; DLRM's MLPs and interaction each apart), on one process and
+under torchrun where the step averages the dense gradients itself.
 """
 
 from __future__ import annotations
@@ -37,24 +37,23 @@ from torch import nn
 from ctrflow.config import TrainConfig
 from ctrflow.loaders.batch import Batch
 from ctrflow.train.distributed import Runtime
-from ctrflow.models import DCNv2
+from ctrflow.models import DCNv2, RankingModel
 from ctrflow.train.optim import Optimizers
 
 CAPTURABLE = (torch.optim.Adam, torch.optim.AdamW)  # optimizers whose learning rate may be a device tensor
+CAPTURABLE_DENSE = ("adam", "adamw")  # their `--dense-optimizer` names
 StepFn = Callable[[nn.Module, Batch, Optimizers, torch.device, "torch.dtype | None"], torch.Tensor]
-DENSE_PARTS = ("dense_arch", "interaction", "over_arch")  # compiled apart where a model has no `head`
+COMPILE_SCOPES = ("off", "head", "parts")
 
 
-def use_graphs(config: TrainConfig, runtime: Runtime, optimizers: Optimizers) -> bool:
-    """`--cuda-graphs auto`: on when the step is capturable (module doc); `off` never."""
+def use_graphs(config: TrainConfig, runtime: Runtime, all_fused: bool, static_exchange: bool = True) -> bool:
+    """`--cuda-graphs auto`: on when the step is capturable (module doc): on CUDA, every table fused
+    (`all_fused`), a dense Adam/AdamW and, sharded, no row-wise table (`static_exchange`: the
+    all-to-all sizes would depend on the ids, a host read per step); `off` never."""
     if config.cuda_graphs == "off":
         return False
-    # under torchrun `fused` means fused sharded tables; the loop then averages without DDP
-    if not (runtime.device.type == "cuda" and optimizers.fused is not None and not optimizers.sparse_names
-            and type(optimizers.dense) in CAPTURABLE):
-        return False
-    # sharded: row-wise tables make the all-to-all sizes depend on the ids (a host read per step)
-    return all(coll.layout.static for coll in optimizers.fused.collections.values() if hasattr(coll, "layout"))
+    return (runtime.device.type == "cuda" and all_fused and config.optim.dense in CAPTURABLE_DENSE
+            and static_exchange)
 
 
 def use_compile(config: TrainConfig, runtime: Runtime) -> bool:
@@ -62,15 +61,26 @@ def use_compile(config: TrainConfig, runtime: Runtime) -> bool:
     return config.compile != "off" and runtime.device.type == "cuda"
 
 
-def compile_dense(model: nn.Module, mode: str | None = None) -> bool:
-    """Compile, in place, `model.head` (everything after the lookup) for DCNv2, else its dense parts one by one (`dense_arch`, `interaction`, `over_arch`, those it
-    has: what `benchmarks/sharded_scale.py` measures; eager, DLRM's 4-GPU step took 0.35 ms more,
-    one GPU's 0.06 ms); returns whether it compiled anything. Parameters and state-dict keys stay
-    as they were."""
-    if isinstance(model, DCNv2):  # DLRM's fused interaction kernels stay apart from the compiled layers
+def compile_scope(model: RankingModel) -> str:
+    """What `compile_dense` compiles by default: `head` (everything after the lookup, one inductor graph)
+    for DCNv2, whose concatenation, cross layers and deep MLP fuse; `parts` (each dense part apart) for
+    the others: DLRM's fused interaction kernels stay apart from the compiled layers."""
+    return "head" if isinstance(model, DCNv2) else "parts"
+
+
+def compile_dense(model: RankingModel, scope: str | None = None, mode: str | None = None) -> bool:
+    """Compile, in place, `model.head` (scope "head") or its dense parts one by one (`dense_arch`,
+    `interaction`, `over_arch`, those it has; scope "parts"; None: `compile_scope(model)`; eager,
+    DLRM's 4-GPU step took 0.35 ms more, one GPU's 0.06 ms); returns whether it compiled anything.
+    Parameters and state-dict keys stay as they were."""
+    scope = compile_scope(model) if scope is None else scope
+    if scope not in COMPILE_SCOPES:
+        raise ValueError(f"compile scope must be one of {', '.join(COMPILE_SCOPES)}, got {scope!r}")
+    if scope == "head":
         model.head = torch.compile(model.head, mode=mode)  # instance attribute: forward finds it
         return True
-    parts = [getattr(model, name) for name in DENSE_PARTS if isinstance(getattr(model, name, None), nn.Module)]
+    parts = [part for part in (model.dense_arch, model.interaction, model.over_arch) if part is not None] \
+        if scope == "parts" else []
     for part in parts:
         part.compile(mode=mode)
     return bool(parts)

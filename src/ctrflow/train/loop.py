@@ -1,6 +1,7 @@
 """The training loop: one code path for one process (CPU or GPU) and, under torchrun, N.
 
-Order of a run: runtime -> data -> model -> parallelize -> optimizers -> (resume) -> steps, with
+Order of a run: runtime -> data -> model -> run plan and build (`ctrflow.train.build`: every choice
+resolved, every rewrite applied) -> optimizers -> (resume) -> steps, with
 reports every `log_every` steps, validation every `eval_every` and at each epoch's end,
 checkpoints every `checkpoint_every` and at each epoch's end. The loop's own state is three
 integers: step, epoch and the next batch index within the epoch.
@@ -10,9 +11,8 @@ from __future__ import annotations
 
 import json
 import random
-from contextlib import nullcontext
 from functools import partial
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,20 +28,18 @@ from ctrflow.schema import Schema
 from ctrflow.loaders.scan import ScanLoader
 from ctrflow.loaders.stream import StreamLoader, choose_loader
 from ctrflow.loaders.stream_plan import ParquetIndex
-from ctrflow.embedding.collection import deferred_tables, materialize_tables
-from ctrflow.embedding.parallelize import apply_data_parallel
-from ctrflow.embedding.fused.dense import align_linear_inputs
-from ctrflow.embedding.fused.sharded_model import forward_in_chunks, read_exchange_layout
+from ctrflow.embedding.collection import deferred_tables
+from ctrflow.embedding.fused.sharded import FusedShardedEmbeddingCollection
+from ctrflow.embedding.fused.sharded_model import forward_in_chunks
 from ctrflow.errors import UserError
 from ctrflow.models import build_model
 from ctrflow.tracking import NullTracker, Tracker
 from ctrflow import checkpoint
+from ctrflow.train.build import Built, RunPlan, build, plan_run, run_record, tracked_params
 from ctrflow.train.dense_average import DenseAverage
-from ctrflow.train.distributed import Runtime, close_runtime, init_runtime, parallelize, print0
-from ctrflow.train.fp8 import apply_fp8
-from ctrflow.train.fused import (FusedTables, apply_fused, autocast_dtype, fused_collections, sharded_options,
-                                 swap_interactions, use_fused)
-from ctrflow.train.graphs import GraphedStep, compile_dense, use_compile, use_graphs
+from ctrflow.train.distributed import Runtime, close_runtime, init_runtime, print0
+from ctrflow.train.fused import FusedTables
+from ctrflow.train.graphs import GraphedStep
 from ctrflow.train.optim import Optimizers, build_optimizers, lr_factor, sparse_memory
 from ctrflow.train.progress import ProgressLog, restart_metrics
 from ctrflow.train.validate import validate
@@ -61,11 +59,16 @@ class Session:
     valid_loader: ScanLoader | None
     out: Path
     total_steps: int
-    amp: torch.dtype | None = None  # autocast dtype of the forward pass (None: fp32)
+    plan: RunPlan = RunPlan()  # every choice of the run, resolved
     average: DenseAverage | None = None  # N processes, graphed step: the step averages the dense gradients
     step: int = 0
     epoch: int = 0
     batch: int = 0
+
+    @property
+    def amp(self) -> torch.dtype | None:
+        """Autocast dtype of the forward pass (None: fp32)."""
+        return self.plan.amp
 
 
 def train(config: TrainConfig, tracker: Tracker | None = None) -> dict[str, Any]:
@@ -89,91 +92,67 @@ def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
     np.random.seed(config.seed)
     random.seed(config.seed)
     schema = Schema.load(config.data.path)
-    train_loader, valid_loader = _loaders(config, schema, runtime)
-    model, optimizers, amp, average, in_place = _build(config, runtime, schema)
+    train_loader, valid_loader, loader = _loaders(config, schema, runtime)
+    optimizers, plan, built = _build(config, runtime, schema, loader)
     epoch_steps = len(train_loader)
     total = config.epochs * epoch_steps
     total = total if config.max_steps is None else min(config.max_steps, total)
     out = Path(config.out)
-    session = Session(config, runtime, tracker, schema, model, optimizers,
-                      train_loader, valid_loader, out, total, amp, average)
+    session = Session(config, runtime, tracker, schema, built.model, optimizers,
+                      train_loader, valid_loader, out, total, plan, built.average)
     source = _resume(session) if config.resume else None
     if runtime.is_main:
         out.mkdir(parents=True, exist_ok=True)
         schema.save(out / "schema.json")
-        (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+        (out / "config.json").write_text(json.dumps(run_record(config, plan), indent=2) + "\n")
         restart_metrics(out, source, session.step)
-        tracker.log_params(config.flat())
+        tracker.log_params(tracked_params(config, plan))  # the resolved choices, never "auto"
+        tracker.log_artifact(out / "config.json")
         tracker.set_tags({"schema.vocab_hash": schema.vocab_hash, "model": config.model.name})
-    _announce(session, in_place)
+    _announce(session, built)
     return session
 
 
-def _build(config: TrainConfig, runtime: Runtime, schema: Schema):
-    """(model, optimizers, autocast dtype, DenseAverage or None, whether DLRM's interaction reads the
-    exchange in place): the model built, swapped to the fast kernels, sharded and placed."""
+def _build(config: TrainConfig, runtime: Runtime, schema: Schema, loader: str) -> tuple[Optimizers, RunPlan, Built]:
+    """(optimizers, plan, built): the model built from the schema, its choices resolved and applied
+    (`ctrflow.train.build`: fused tables, sharding, fp8, compile, ...), and its optimizers."""
     m = config.model
-    fast = use_fused(config, runtime)
-    # tables that will be sharded or fused are drawn only where they land (MLPerf's are ~96 GB)
-    with deferred_tables() if runtime.distributed or fast else nullcontext():
+    # tables are drawn where they land: into the fused buffer on the device, or shard by shard (MLPerf's ~96 GB)
+    with deferred_tables():
         model = build_model(m.name, schema, m.embedding_dim, seed=config.seed, **m.arch_kwargs())
-    amp = autocast_dtype(config, runtime)
-    if config.precision == "fp8":  # autocast_dtype checked the GPU; same parameters, so before the rest
-        apply_fp8(model)
-    if runtime.device.type == "cuda":
-        align_linear_inputs(model)  # the 13 dense inputs padded for the tensor cores; same parameters
-    fused, fused_options, in_place = None, None, False
-    if fast and not runtime.distributed:  # tables drawn straight into the device buffer, fused
-        fused = FusedTables(apply_fused(model, config.optim, runtime.device, amp), config.optim.sparse)
-        materialize_tables(model)  # the collections too narrow to fuse (DeepFM's first-order tables)
-    elif fast:  # N processes: each rank's shards fused, behind the all-to-all
-        swap_interactions(model)
-        fused_options = sharded_options(config.optim, amp)
-    # before the optimizers: sharding replaces the tables' parameters by this process's shards;
-    # it moves the model to the device (only this process's shards, never whole tables)
-    model = parallelize(model, runtime, config.sharding, config.plan, sparse_memory(config.optim), fused_options,
-                        data_parallel=fused_options is None)  # fused: DDP or DenseAverage once optimizers exist
-    if fused_options is not None:
-        fused = FusedTables(fused_collections(model), config.optim.sparse)
-        in_place = read_exchange_layout(model)  # DLRM's interaction reads the all-to-all's buffer: no gathers
-    optimizers = build_optimizers(model, config.optim, fused)
-    average = _average_dense(config, runtime, model, optimizers) if fused_options is not None else None
-    # one process, or N whose step averages the dense gradients itself (no DDP wrapper)
-    if fused is not None and (average is not None or not runtime.distributed) and use_compile(config, runtime):
-        compile_dense(model)  # same parameters: optimizers and checkpoints see no difference
-    return model, optimizers, amp, average, in_place
+    plan = plan_run(config, runtime, model, loader)
+    built = build(model, plan, runtime)
+    plan = replace(plan, exchange_in_place=built.changes["exchange_in_place"])  # what build could apply
+    tables = FusedTables(built.fused, config.optim.sparse) if plan.embedding == "fused" else None
+    return build_optimizers(built.model, config.optim, tables), plan, built
 
 
-def _announce(s: Session, in_place: bool) -> None:
-    """The run's one-line description (main process)."""
+def _announce(s: Session, built: Built) -> None:
+    """The run's description, printed once (main process): sizes, then every choice of the plan."""
     dense_params = sum(p.numel() for p in s.optimizers.dense.param_groups[0]["params"])
     print0(f"ctrflow train: {s.config.model.name}, {dense_params:,} dense parameters, "
            f"{sum(s.schema.table_sizes()):,} embedding rows x {s.config.model.embedding_dim}; "
            f"{len(s.train_loader.dataset):,} train rows, {len(s.train_loader)} steps/epoch of "
-           f"{s.config.data.batch_size}; {s.runtime.world_size} process(es) on {s.runtime.device}; "
-           f"{'fused' if s.optimizers.fused else 'plain'} tables"
-           f"{' (interaction reads the exchange in place)' if in_place else ''}, "
-           f"{'bf16 autocast' if s.amp else 'fp32'}"
-           f"{' + fp8 Linear' if s.config.precision == 'fp8' else ''}"
-           f"{'; dense gradients averaged by the step (no DDP), whole step one CUDA graph' if s.average else ''}")
+           f"{s.config.data.batch_size}")
+    changes = built.changes
+    done = [f"{changes['fp8_layers']} fp8 Linear" if changes["fp8_layers"] else "",
+            f"{changes['aligned_layers']} aligned Linear" if changes["aligned_layers"] else ""]
+    rows = {**s.plan.record(), "rewritten layers": ", ".join(filter(None, done)) or "none"}
+    lines = [f"  {key:<24} {value}" for key, value in rows.items()]
+    if s.plan.sharding is not None:
+        from ctrflow.embedding.parallelize import model_tables
 
-
-def _average_dense(config: TrainConfig, runtime: Runtime, model: nn.Module, optimizers: Optimizers) -> DenseAverage | None:
-    """N processes with fused sharded tables: where the step can be one CUDA graph, the step averages
-    the dense gradients itself (`DenseAverage`, capturable); otherwise DDP wraps the dense part."""
-    if use_graphs(config, runtime, optimizers):
-        params = [p for group in optimizers.dense.param_groups for p in group["params"]]
-        return DenseAverage(params, optimizers.fused.collections.values())
-    apply_data_parallel(model, runtime.device)
-    return None
+        lines += ["  sharding plan:", s.plan.sharding.describe(model_tables(s.model), sparse_memory(s.config.optim))]
+    print0("ctrflow train: run plan\n" + "\n".join(lines))
 
 
 def _loaders(config: TrainConfig, schema: Schema,
-             runtime: Runtime) -> tuple[BatchLoader | StreamLoader, ScanLoader | None]:
+             runtime: Runtime) -> tuple[BatchLoader | StreamLoader, ScanLoader | None, str]:
+    """(train loader, valid loader or None, how the train split is read: "memory on DEVICE" | "stream (...)")."""
     data, sizes = config.data, schema.table_sizes()
     common = {"rank": runtime.rank, "world_size": runtime.world_size, "prefetch": data.prefetch,
               "pin_memory": runtime.device.type == "cuda"}
-    train_loader = _train_loader(config, sizes, runtime, common)
+    train_loader, loader = _train_loader(config, sizes, runtime, common)
     if len(train_loader) == 0:
         raise UserError(f"{data.path}/train: {len(train_loader.dataset)} rows, fewer than one batch of "
                         f"{data.batch_size}")
@@ -182,11 +161,13 @@ def _loaders(config: TrainConfig, schema: Schema,
         valid_loader = ScanLoader(ParquetIndex(data.path, "valid"), data.eval_batch_size, rank=runtime.rank,
                                   world_size=runtime.world_size, table_sizes=sizes, device=runtime.device,
                                   threads=data.loader_threads, limit_batches=data.limit_eval_batches)
-    return train_loader, valid_loader
+    return train_loader, valid_loader, loader
 
 
-def _train_loader(config: TrainConfig, sizes: list[int], runtime: Runtime, common: dict) -> BatchLoader | StreamLoader:
-    """In memory (whole split read) or streamed (`ctrflow.loaders.stream`), as `--loader` and the split's size say."""
+def _train_loader(config: TrainConfig, sizes: list[int], runtime: Runtime,
+                  common: dict) -> tuple[BatchLoader | StreamLoader, str]:
+    """In memory (whole split read) or streamed (`ctrflow.loaders.stream`), as `--loader` and the split's
+    size say; with its description for the run plan."""
     data = config.data
     index = ParquetIndex(data.path, "train")  # footers only
     if choose_loader(data.loader, index.resident_bytes(), runtime.device) == "stream":
@@ -194,13 +175,14 @@ def _train_loader(config: TrainConfig, sizes: list[int], runtime: Runtime, commo
                               world_size=runtime.world_size, lanes=data.lanes, window_rows=data.shuffle_window,
                               table_sizes=sizes, device=runtime.device, threads=data.loader_threads,
                               limit_batches=data.limit_train_batches, epochs=config.epochs)
-        print0(f"ctrflow train: streaming the train split ({index.resident_bytes() / 2**30:.1f} GiB): "
-               f"{data.lanes} lanes, shuffle window {data.shuffle_window:,} rows, "
-               f"{loader.buffer_bytes() / 2**30:.2f} GiB of buffers per process on host and device")
-        return loader
+        return loader, (f"stream ({index.resident_bytes() / 2**30:.1f} GiB: {data.lanes} lanes, shuffle window "
+                        f"{data.shuffle_window:,} rows, {loader.buffer_bytes() / 2**30:.2f} GiB of buffers per "
+                        f"process on host and device)")
     train_set = ParquetDataset(data.path, "train", sizes)
-    return BatchLoader(train_set, data.batch_size, shuffle=data.shuffle, drop_last=True, seed=config.seed,
-                       limit_batches=data.limit_train_batches, device=_resident_device(train_set, runtime), **common)
+    device = _resident_device(train_set, runtime)
+    loader = BatchLoader(train_set, data.batch_size, shuffle=data.shuffle, drop_last=True, seed=config.seed,
+                         limit_batches=data.limit_train_batches, device=device, **common)
+    return loader, f"memory on {device or 'cpu'}"
 
 
 def _resident_device(dataset: ParquetDataset, runtime: Runtime) -> torch.device | None:
@@ -233,7 +215,7 @@ def _fit(s: Session) -> dict[str, Any]:
     done = {"eval": -1, "ckpt": -1}
     valid: dict[str, float] = {}
     step = partial(train_step, average=s.average) if s.average is not None else train_step
-    step_fn = GraphedStep(step) if use_graphs(cfg, s.runtime, s.optimizers) else step
+    step_fn = GraphedStep(step) if s.plan.cuda_graphs else step
     try:
         while s.step < s.total_steps and s.epoch < cfg.epochs:
             for batch in s.train_loader.batches(s.epoch, start=s.batch):
@@ -264,8 +246,10 @@ def train_step(model: nn.Module, batch: Batch, optimizers: Optimizers, device: t
     (`forward_in_chunks`)."""
     batch = batch.to(device, non_blocking=True)
     with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-        # sharded: exchanges start first
-        logits = forward_in_chunks(model, batch.dense, batch.sparse, chunks, next_ids)
+        if isinstance(model.embeddings, FusedShardedEmbeddingCollection):  # exchanges start first
+            logits = forward_in_chunks(model, batch.dense, batch.sparse, chunks, next_ids)
+        else:
+            logits = model(batch.dense, batch.sparse)
     loss = F.binary_cross_entropy_with_logits(logits.float(), batch.labels)
     optimizers.zero_grad()
     loss.backward()
@@ -294,7 +278,7 @@ def _periodic(s: Session, log: ProgressLog, done: dict[str, int], last: bool) ->
         log.check_finite(step)  # never checkpoint weights a NaN has reached
         log.pause()
         checkpoint.save_checkpoint(s.out, s.model, s.optimizers, {"step": step, "epoch": s.epoch, "batch": s.batch},
-                                   cfg, s.schema, s.runtime, metrics=valid or {})
+                                   cfg, s.schema, s.runtime, metrics=valid or {}, run=run_record(cfg, s.plan))
         log.resume()
         done["ckpt"] = step
     return valid
@@ -305,7 +289,7 @@ def _finish(s: Session, log: ProgressLog, valid: dict[str, float], done: dict[st
         if s.valid_loader is not None:
             valid = validate(s.model, s.valid_loader, s.runtime, s.amp)
         checkpoint.save_checkpoint(s.out, s.model, s.optimizers, {"step": s.step, "epoch": s.epoch, "batch": s.batch},
-                                   s.config, s.schema, s.runtime, metrics=valid)
+                                   s.config, s.schema, s.runtime, metrics=valid, run=run_record(s.config, s.plan))
         done["ckpt"] = s.step
     summary = {"step": s.step, "epoch": s.epoch, "loss": log.last.get("loss"),
                "samples_per_s": log.throughput(s.step), "checkpoint": str(s.out / f"step_{done['ckpt']:08d}"),

@@ -1,0 +1,120 @@
+"""`ctrflow train --config FILE|PRESET`: files and presets, flags over them, `--print-config` round trips,
+one-line errors naming the key and the file, and a flag for every config field."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from ctrflow.cli import main
+from ctrflow.commands.train import FLAGS
+from ctrflow.config import DataConfig, ModelConfig, OptimConfig, TrainConfig, criteo_1tb_config
+from ctrflow.config_file import load_config, preset_names, read_config
+from ctrflow.errors import UserError
+
+
+def printed_config(capsys, *argv: str) -> str:
+    assert main(["train", *argv, "--print-config"]) == 0
+    return capsys.readouterr().out
+
+
+def test_print_config_fed_back_gives_the_same_config(tmp_path, capsys):
+    first = printed_config(capsys, "--config", "mlperf-dlrm", "--data", "d", "--out", "o", "--model", "dcnv2",
+                           "--deep-mlp", "512,256,128", "--cross-rank", "64", "--dropout", "0.25",
+                           "--decay-start-step", "none", "--no-shuffle", "--sparse-lr", "0.5", "--overwrite")
+    (tmp_path / "run.yaml").write_text(first)
+    again = printed_config(capsys, "--config", str(tmp_path / "run.yaml"))
+    assert again == first
+    config = load_config(str(tmp_path / "run.yaml"))
+    assert config.model == ModelConfig(name="dcnv2", embedding_dim=128, bottom_mlp=(512, 256),
+                                       top_mlp=(1024, 1024, 512, 256), deep_mlp=(512, 256, 128), cross_layers=3,
+                                       cross_rank=64, dropout=0.25)
+    assert (config.optim.decay_start_step, config.optim.sparse_lr, config.data.shuffle, config.overwrite) == \
+        (None, 0.5, False, True)
+    assert "deep_mlp: [512, 256, 128]" in first  # widths read as written
+
+
+def test_flags_override_the_file_only_where_given(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"data": {"batch_size": 128, "path": "d"}, "optim": {"lr": 0.5},
+                                "model": {"top_mlp": [32]}}))
+    config = load_config(str(path), {"data.batch_size": 64, "model.dropout": 0.1})
+    assert (config.data.batch_size, config.data.path, config.optim.lr) == (64, "d", 0.5)
+    assert (config.model.top_mlp, config.model.dropout, config.model.bottom_mlp) == ((32,), 0.1, (64, 32))
+    assert config.epochs == TrainConfig().epochs  # neither file nor flag: the default
+
+
+@pytest.mark.parametrize("text, message", [
+    ("model:\n  widht: 3\n", "unknown key 'model.widht'"),
+    ("epoch: 3\n", "unknown key 'epoch'"),
+    ("optim:\n  lr: fast\n", "optim.lr must be a number, got 'fast'"),
+    ("model:\n  bottom_mlp: [64, -1]\n", "model.bottom_mlp must be a list of positive integers"),
+    ("precision: fp16\n", "precision must be one of auto, fp32, bf16, fp8, got 'fp16'"),
+    ("data: 3\n", "data must be a mapping of fields"),
+    ("model: {name: dlrm\n", "line 2, column 1: expected ',' or '}'"),
+])
+def test_a_bad_config_file_is_one_line_naming_the_key_and_the_file(tmp_path, capsys, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(UserError, match="bad.yaml") as err:
+        read_config(str(path))
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert main(["train", "--config", str(path), "--print-config"]) == 2
+    assert f"{path}" in capsys.readouterr().err
+
+
+def test_a_missing_config_names_the_presets(capsys):
+    assert main(["train", "--config", "no-such-run", "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "no such file or preset" in err and "mlperf-dlrm" in err
+
+
+def test_every_config_field_has_a_flag():
+    def dotted(cls, prefix=""):
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(f.type) or f.name in ("data", "model", "optim"):
+                yield from dotted({"data": DataConfig, "model": ModelConfig, "optim": OptimConfig}[f.name], f"{f.name}.")
+            else:
+                yield prefix + f.name
+
+    fields = set(dotted(TrainConfig))
+    flagged = [key for _flag, key, _options, _help in FLAGS]
+    assert sorted(flagged) == sorted(fields)  # each field once
+
+
+def test_flags_reach_the_new_fields(capsys):
+    out = printed_config(capsys, "--data", "d", "--out", "o", "--bottom-mlp", "16", "--top-mlp", "", "--cross-layers",
+                         "2", "--weight-decay", "1e-5", "--decay-steps", "100", "--decay-power", "1.5",
+                         "--min-lr-factor", "0.1", "--keep-checkpoints", "5", "--prefetch", "0",
+                         "--threads", "none", "--no-progress")
+    import yaml
+
+    config = TrainConfig.from_dict(yaml.safe_load(out))
+    assert (config.model.bottom_mlp, config.model.top_mlp, config.model.cross_layers) == ((16,), (), 2)
+    assert (config.optim.weight_decay, config.optim.decay_steps, config.optim.decay_power,
+            config.optim.min_lr_factor) == (1e-5, 100, 1.5, 0.1)
+    assert (config.keep_checkpoints, config.data.prefetch, config.threads, config.progress) == (5, 0, None, False)
+
+
+def test_the_mlperf_preset_is_the_criteo_1tb_dlrm_shape():
+    assert "mlperf-dlrm" in preset_names()
+    preset = load_config("mlperf-dlrm")
+    assert (preset.model.name, preset.model.embedding_dim, preset.model.bottom_mlp, preset.model.top_mlp) == \
+        ("dlrm", 128, (512, 256), (1024, 1024, 512, 256))
+    assert (preset.data.batch_size, preset.optim.warmup_steps, preset.optim.decay_start_step) == (65536, 500, 4000)
+    assert criteo_1tb_config("d", "o", "dcnv2") == dataclasses.replace(
+        preset, out="o", data=dataclasses.replace(preset.data, path="d"),
+        model=dataclasses.replace(preset.model, name="dcnv2"))
+
+
+def test_presets_are_listed_in_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    assert "mlperf-dlrm" in capsys.readouterr().out
+
+
+def test_train_without_data_or_out_says_which_is_missing(capsys):
+    assert main(["train", "--config", "mlperf-dlrm"]) == 2
+    assert "--data and --out required" in capsys.readouterr().err
