@@ -45,13 +45,13 @@ class RankingModel(nn.Module):
         super().__init__()
         self.features = features
         self.embedding_dim = embedding_dim
-        self.embeddings = EmbeddingCollection(tables_for(features.sparse, embedding_dim), seed)
+        self.embeddings = EmbeddingCollection(tables_for(features.sparse, embedding_dim), seed, embedding_dim)
         self.dense_arch = self.interaction = self.linear_embeddings = self.linear_dense = None
 
     def add_first_order(self, seed: int) -> None:
         """First-order terms: a dim-1 table per sparse feature (drawn from another seed, so they start
         differently from the vectors) and a linear map of the dense features."""
-        self.linear_embeddings = EmbeddingCollection(tables_for(self.features.sparse, 1, prefix="linear"), seed + 1)
+        self.linear_embeddings = EmbeddingCollection(tables_for(self.features.sparse, 1, prefix="linear"), seed + 1, 1)
         self.linear_dense = nn.Linear(self.features.num_dense, 1) if self.features.num_dense else None
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
