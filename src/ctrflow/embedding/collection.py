@@ -23,7 +23,10 @@ def init_rows(table: TableConfig, seed: int, index: int, start: int, stop: int) 
     DLRM's uniform(-1/sqrt(n), 1/sqrt(n)), drawn in blocks of `INIT_BLOCK_ROWS` rows, each from a
     generator seeded by (seed, table, block): every process, and every shard of the table, gets the
     same numbers while drawing only the blocks it holds (an MLPerf table is 20 GB in fp32).
+    A table whose `init` is "zeros" (first-order weights) starts at zero.
     """
+    if table.init == "zeros":
+        return torch.zeros(stop - start, table.embedding_dim)
     bound = 1.0 / math.sqrt(table.num_embeddings)
     out = torch.empty(stop - start, table.embedding_dim)
     for block in range(start // INIT_BLOCK_ROWS, -(-stop // INIT_BLOCK_ROWS)):

@@ -20,6 +20,7 @@ class TableConfig:
     feature: str
     length: int = 1
     pooling: str | None = None  # None: one id per sample, looked up as is (id 0 = missing has a row)
+    init: str = "uniform"  # DLRM's uniform(-1/sqrt(rows), 1/sqrt(rows)) | "zeros" (first-order weights)
 
     @property
     def bytes(self) -> int:
@@ -27,10 +28,10 @@ class TableConfig:
         return self.num_embeddings * self.embedding_dim * 4
 
 
-def tables_for(features, dim: int, prefix: str = "t") -> list[TableConfig]:
+def tables_for(features, dim: int, prefix: str = "t", init: str = "uniform") -> list[TableConfig]:
     """One table per sparse feature (`ctrflow.features.Feature`), sized by its cardinality."""
     return [TableConfig(f"{prefix}_{f.name}", int(f.cardinality), dim, f.name, f.width,
-                        f.pooling if f.kind == "multi_hot" else None) for f in features]
+                        f.pooling if f.kind == "multi_hot" else None, init) for f in features]
 
 
 def check_ids(ids, tables: list[TableConfig]) -> None:

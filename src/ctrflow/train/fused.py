@@ -73,9 +73,11 @@ def sharded_options(cfg: OptimConfig, output_dtype: torch.dtype | None) -> dict[
 
 
 def swap_interactions(model: nn.Module) -> None:
-    """DLRM's dot interaction becomes the fused one (same function, no weights)."""
+    """DLRM's dot interaction becomes the fused one (same function, no weights), where the model has
+    a dense arch and tables: the fused kernel reads the dense vector as the first of the interacting
+    features, beside at least one embedding."""
     for path, module in list(model.named_modules()):
-        if type(module) is DotInteraction:
+        if type(module) is DotInteraction and module.dense and module.num_features > 1:
             replace_module(model, path, FusedDotInteraction.from_plain(module))
 
 
@@ -100,13 +102,14 @@ def autocast_dtype(config: TrainConfig, runtime: Runtime) -> torch.dtype | None:
 def apply_fused(model: nn.Module, cfg: OptimConfig, device: torch.device,
                 output_dtype: torch.dtype | None) -> dict[str, FusedEmbeddingCollection]:
     """Swap, in place, every plain collection of dim >= 16 for a fused one on `device` (same tables,
-    same weights) and a DLRM dot interaction for the fused one; returns the fused collections by path."""
+    one-id and multi-hot alike, same weights) and a DLRM dot interaction for the fused one; returns
+    the fused collections by path (a collection without tables stays as it is)."""
     rule = FUSED_KINDS[cfg.sparse][0]
     lr = cfg.lr if cfg.sparse_lr is None else cfg.sparse_lr
     fused = {}
     for path, coll in embedding_collections(model).items():
         # the backward's one-hot pre-reduction is a tensor-core product: at least 16 columns
-        if isinstance(coll, EmbeddingCollection) and coll.tables[0].embedding_dim >= 16:
+        if isinstance(coll, EmbeddingCollection) and coll.tables and coll.embedding_dim >= 16:
             fused[path] = FusedEmbeddingCollection.from_collection(
                 coll, optimizer=rule, lr=lr, device=device, output_dtype=output_dtype or torch.float32,
                 check_ids=False)  # the loader checked every id on the host

@@ -117,6 +117,8 @@ def _build(config: TrainConfig, runtime: Runtime, schema: Schema):
     # tables that will be sharded or fused are drawn only where they land (MLPerf's are ~96 GB)
     with deferred_tables() if runtime.distributed or fast else nullcontext():
         model = build_model(m.name, schema, m.embedding_dim, seed=config.seed, **m.arch_kwargs())
+    if schema.label_rate is not None and not config.resume:  # a fresh run starts at the training click rate
+        model.set_output_bias(schema.label_rate)
     amp = autocast_dtype(config, runtime)
     if config.precision == "fp8":  # autocast_dtype checked the GPU; same parameters, so before the rest
         apply_fp8(model)

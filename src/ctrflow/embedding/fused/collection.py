@@ -220,6 +220,9 @@ def _init_weights(tables: list[TableConfig], seed: int, dtype: torch.dtype, devi
         if device.type == "cpu":  # the plain collection's numbers
             block.copy_(init_table(t, seed, index))
             continue
+        if t.init == "zeros":
+            block.zero_()
+            continue
         gen = torch.Generator(device=device).manual_seed(seed * 1000003 + index)
         bound = 1.0 / math.sqrt(t.num_embeddings)
         if dtype == torch.float32:
