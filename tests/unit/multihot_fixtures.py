@@ -66,7 +66,7 @@ def write_mixed(root: Path, features: Features | None = None, train_rows: int = 
     weights = [rng.normal(0.0, 1.0, size=f.cardinality) for f in features.sparse]
     for w in weights:
         w[0] = 0.0  # missing / padding carries no signal
-    dense_weights = rng.normal(0.0, 0.7, size=features.num_dense)
+    dense_weights = rng.normal(0.0, 1.5, size=features.num_dense)
     rates = {}
     for split, rows in (("train", train_rows), ("valid", valid_rows)):
         dense, sparse = draw_rows(features, rows, rng)
