@@ -55,13 +55,6 @@ def slot_scales(ids: torch.Tensor, tables: Sequence[TableConfig]) -> torch.Tenso
     return torch.cat(out, dim=1)
 
 
-def expand_bag_grad(grad: torch.Tensor, ids: torch.Tensor, tables: Sequence[TableConfig]) -> torch.Tensor:
-    """The backward of `pool_bags`: grad [B, T, D] of the pooled output -> [B, S, D] of the slot
-    vectors (padding slots zero), in fp32."""
-    index = torch.tensor(slot_tables(tables), device=grad.device)
-    return grad.float().index_select(1, index) * slot_scales(ids, tables).unsqueeze(2)
-
-
 def pool_bags(values: torch.Tensor, ids: torch.Tensor, tables: Sequence[TableConfig]) -> torch.Tensor:
     """values [B, S, D] (slot vectors) and ids [B, S] -> [B, T, D], T = len(tables) (module doc)."""
     if is_one_hot(tables):
