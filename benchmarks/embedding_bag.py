@@ -118,46 +118,66 @@ def release() -> None:
         torch.cuda.empty_cache()
 
 
-def run_optimizer(name: str, sizes: list[int], ids: torch.Tensor, ids_per_table: list[torch.Tensor],
-                  upstream: torch.Tensor, args, device: torch.device) -> dict:
-    """Both sides' step times under one optimizer (module doc)."""
-    fused_rule, make_torch_opt = OPTIMIZERS[name]
-    features = [Feature(f"f{i}", "multi_hot", cardinality=n, max_length=h, pooling="sum")
-                for i, (n, h) in enumerate(zip(sizes, HOTNESS))]
-    out: dict = {}
-    fused = build_fused(tables_for(features, args.dim), fused_rule, args, device)
-    fused_upstream = upstream.to(fused.output_dtype)
+def time_fused(tables, name: str, ids: torch.Tensor, upstream: torch.Tensor, args, device: torch.device,
+               out: dict) -> tuple[float, float, nn.ModuleList | None]:
+    """(forward ms, step ms, torch bags holding the same weights when the optimizer is SGD): the
+    fused side, freed when this returns. With SGD the two sides' lookups are compared first."""
+    fused = build_fused(tables, OPTIMIZERS[name][0], args, device)
     bags = None
     if name == "sgd":  # the same weights on both sides (no optimizer state yet): their lookups must agree
-        bags = build_torch_bags(fused, sizes, args, device)
+        bags = build_torch_bags(fused, [t.num_embeddings for t in tables], args, device)
         with torch.no_grad():
-            ref = torch_forward(bags, ids_per_table)
+            ref = torch_forward(bags, split_ids(ids))
             out["forward_max_rel_err"] = float((fused(ids).float() - ref).norm() / ref.norm())
-            del ref
+    fused_upstream = upstream.to(fused.output_dtype)
     with torch.no_grad():
-        fused_forward = median_ms(lambda: fused(ids), device, args.warmup, args.iters)
-    fused_step = median_ms(lambda: fused(ids).backward(fused_upstream), device, args.warmup, args.iters)
-    del fused, fused_upstream
-    release()
-    if bags is None:
-        bags = build_torch_bags(None, sizes, args, device)
-    opt = make_torch_opt(list(bags.parameters()), args.lr)
+        forward = median_ms(lambda: fused(ids), device, args.warmup, args.iters)
+    step = median_ms(lambda: fused(ids).backward(fused_upstream), device, args.warmup, args.iters)
+    return forward, step, bags
 
-    def torch_step() -> None:
+
+def time_torch(bags: nn.ModuleList, name: str, ids: torch.Tensor, upstream: torch.Tensor, args,
+               device: torch.device) -> tuple[float, float]:
+    """(forward ms, step ms) of the torch side: `bags` and `torch.optim`'s step."""
+    opt = OPTIMIZERS[name][1](list(bags.parameters()), args.lr)
+    ids_per_table = split_ids(ids)
+
+    def step() -> None:
         opt.zero_grad(set_to_none=True)
         torch_forward(bags, ids_per_table).backward(upstream)
         opt.step()
 
     with torch.no_grad():
-        torch_forward_ms = median_ms(lambda: torch_forward(bags, ids_per_table), device, args.warmup, args.iters)
-    torch_step_ms = median_ms(torch_step, device, args.warmup, args.iters)
-    del bags, opt
+        forward = median_ms(lambda: torch_forward(bags, ids_per_table), device, args.warmup, args.iters)
+    return forward, median_ms(step, device, args.warmup, args.iters)
+
+
+def split_ids(ids: torch.Tensor) -> list[torch.Tensor]:
+    """Each table's [B, hot] ids, contiguous (an `nn.EmbeddingBag` input of fixed-length bags)."""
+    starts = [0]
+    for hot in HOTNESS:
+        starts.append(starts[-1] + hot)
+    return [ids[:, a:b].contiguous() for a, b in zip(starts, starts[1:])]
+
+
+def run_optimizer(name: str, sizes: list[int], ids: torch.Tensor, upstream: torch.Tensor, args,
+                  device: torch.device) -> dict:
+    """Both sides' times under one optimizer (module doc), each side's memory freed before the other's."""
+    features = [Feature(f"f{i}", "multi_hot", cardinality=n, max_length=h, pooling="sum")
+                for i, (n, h) in enumerate(zip(sizes, HOTNESS))]
+    out: dict = {}
+    fused_forward, fused_step, bags = time_fused(tables_for(features, args.dim), name, ids, upstream, args, device,
+                                                 out)
+    release()
+    torch_forward_ms, torch_step = time_torch(bags or build_torch_bags(None, sizes, args, device), name, ids,
+                                              upstream, args, device)
+    del bags
     release()
     batch = ids.shape[0]
-    out.update(fused_step_ms=fused_step, torch_step_ms=torch_step_ms, fused_forward_ms=fused_forward,
-               torch_forward_ms=torch_forward_ms, ratio=torch_step_ms / fused_step,
+    out.update(fused_step_ms=fused_step, torch_step_ms=torch_step, fused_forward_ms=fused_forward,
+               torch_forward_ms=torch_forward_ms, ratio=torch_step / fused_step,
                forward_ratio=torch_forward_ms / fused_forward, fused_samples_per_s=batch / fused_step * 1e3,
-               torch_samples_per_s=batch / torch_step_ms * 1e3)
+               torch_samples_per_s=batch / torch_step * 1e3)
     return out
 
 
@@ -190,10 +210,6 @@ def main(argv=None) -> dict:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     sizes = table_sizes(args)
     ids = draw_ids(sizes, args.batch_size, args.distribution, device, args.seed)
-    starts = [0]
-    for hot in HOTNESS:
-        starts.append(starts[-1] + hot)
-    ids_per_table = [ids[:, a:b].contiguous() for a, b in zip(starts, starts[1:])]  # each bag's [B, hot] input
     gen = torch.Generator(device=device).manual_seed(args.seed + 1)
     upstream = torch.randn(args.batch_size, len(HOTNESS), args.dim, generator=gen, device=device)
     record = {"benchmark": "embedding_bag", "device": torch.cuda.get_device_name(device) if device.type == "cuda"
@@ -203,7 +219,7 @@ def main(argv=None) -> dict:
     for name in args.optimizers.split(","):
         if name not in OPTIMIZERS:
             raise SystemExit(f"--optimizers: unknown {name!r}; choose from {', '.join(OPTIMIZERS)}")
-        record[name] = run_optimizer(name, sizes, ids, ids_per_table, upstream, args, device)
+        record[name] = run_optimizer(name, sizes, ids, upstream, args, device)
     print(json.dumps(record), flush=True)
     return record
 

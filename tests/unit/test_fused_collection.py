@@ -105,7 +105,8 @@ def test_plain_bags_follow_the_pooling_rule():
     assert torch.equal(out[empty, 2], torch.zeros(8))  # an empty bag: zeros, not row 0
     assert torch.equal(out[:, 0], w["t_c"][ids[:, 0]])  # one id: its row as is (id 0 included)
     scales = slot_scales(ids, MIXED_TABLES)
-    values = torch.cat([w["t_c"][ids[:, :1]], w["t_s"][ids[:, 1:6]], w["t_m"][ids[:, 6:13]], w["t_one"][ids[:, 13:]]], 1)
+    values = torch.cat([w["t_c"][ids[:, :1]], w["t_s"][ids[:, 1:6]], w["t_m"][ids[:, 6:13]],
+                        w["t_one"][ids[:, 13:]]], 1)
     by_scale = torch.stack([(values[:, a:z] * scales[:, a:z, None]).sum(1) for a, z in ((0, 1), (1, 6), (6, 13),
                                                                                            (13, 14))], 1)
     torch.testing.assert_close(by_scale, pool_bags(values, ids, MIXED_TABLES))

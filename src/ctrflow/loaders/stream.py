@@ -7,10 +7,11 @@ takes it to the device, and each batch is one `index_select` there by the window
 
 Two windows are in flight (double buffering), so host and device memory are bounded by
 `buffer_bytes()` (2 x lanes-of-this-process x window x row bytes, plus the index; a row is 160 B
-for Criteo, `ctrflow.loaders.layout`) whatever the split's size. On the CPU the same code runs without the copy. Resuming at (epoch, batch i) starts
-at i's window: the skipped windows are not read. When an epoch is read to its end, the next
-epoch's first window is filled meanwhile (while the last window trains and validation runs) in the
-same buffers, so the next epoch neither waits for it nor allocates.
+for Criteo, `ctrflow.loaders.layout`) whatever the split's size. On the CPU the same code runs
+without the copy. Resuming at (epoch, batch i) starts at i's window: the skipped windows are not
+read. When an epoch is read to its end, the next epoch's first window is filled meanwhile (while
+the last window trains and validation runs) in the same buffers, so the next epoch neither waits
+for it nor allocates.
 """
 
 from __future__ import annotations
