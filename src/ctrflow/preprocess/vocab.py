@@ -1,8 +1,8 @@
 """Categorical vocabularies: value → id, shared by batch preprocessing and serving (no skew).
 
-Ids per column: 0 = missing (empty), 1 = rare or unseen (OOV), 2.. = the vocabulary in order
-(most frequent first, ties by value). `DIR/vocab/C{i}.parquet` holds columns `value` (string) and
-`count` (int64); row k has id k + 2.
+Ids per sparse feature (categorical or multi-hot): 0 = missing (empty), 1 = rare or unseen (OOV),
+2.. = the vocabulary in order (most frequent first, ties by value bytes). `DIR/vocab/<feature>.parquet`
+holds columns `value` (string) and `count` (int64); row k has id k + 2.
 
 Fast path: a value of exactly 8 bytes (Criteo's 8 hex digits) is a uint64 key (its bytes read as
 one little-endian integer, no copy), so counting and lookup are integer operations.
@@ -23,9 +23,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ctrflow.preprocess.engines import CpuEngine, KeyTable
-from ctrflow.schema import FIRST_ID, MISSING_ID, OOV_ID
-from ctrflow.datasets.criteo.columns import SPARSE
 from ctrflow.errors import UserError
+from ctrflow.features import FIRST_ID, MISSING_ID, OOV_ID
 
 _FIXED = pa.binary(8)
 
@@ -141,17 +140,19 @@ class ColumnVocab:
 
 
 class Vocabularies:
-    """The 26 column vocabularies of a processed dataset."""
+    """The vocabularies of a processed dataset's sparse features, in feature order."""
 
     def __init__(self, columns: Mapping[str, ColumnVocab]):
         self.columns = dict(columns)
 
     @classmethod
-    def load(cls, data_dir: str | os.PathLike) -> "Vocabularies":
-        """Read `data_dir/vocab/C{i}.parquet` (a preprocess output directory)."""
+    def load(cls, data_dir: str | os.PathLike, schema=None) -> "Vocabularies":
+        """Read `data_dir/vocab/<feature>.parquet` for every sparse feature of `schema` (a `Schema`, a
+        `Features`, or a list of names; default: `data_dir/schema.json`'s), in that order."""
+        names = _sparse_names(data_dir, schema)
         vocab_dir = Path(data_dir) / "vocab"
         tables = {}
-        for name in SPARSE:
+        for name in names:
             path = vocab_dir / f"{name}.parquet"
             if not path.exists():
                 raise UserError(f"{path}: missing vocabulary (is {data_dir} a `ctrflow preprocess` output?)")
@@ -160,30 +161,55 @@ class Vocabularies:
 
     @classmethod
     def from_tables(cls, tables: Mapping[str, pa.Table]) -> "Vocabularies":
-        """From each column's vocabulary table (columns value, count; as `write_vocab` writes them)."""
-        return cls({name: ColumnVocab(name, tables[name].column("value"), tables[name].column("count").to_numpy())
-                    for name in SPARSE})
+        """From each feature's vocabulary table (columns value, count; as `write_vocab` writes them), in order."""
+        return cls({name: ColumnVocab(name, table.column("value"), table.column("count").to_numpy())
+                    for name, table in tables.items()})
 
     def encode(self, column: str, values: Sequence[str] | pa.Array) -> np.ndarray:
-        """Raw strings of one categorical column → ids, int32 [n]."""
+        """Raw strings of one sparse feature (single values, not lists) → ids, int32 [n]."""
         if column not in self.columns:
-            raise UserError(f"unknown categorical column {column!r} (expected one of C1..C26)")
+            raise UserError(f"unknown sparse feature {column!r} (expected one of {', '.join(self.columns)})")
         return self.columns[column].encode(values)
 
     def cardinalities(self) -> dict[str, int]:
-        """{"C1": vocabulary + 2, ...}"""
+        """{feature: vocabulary + 2, ...}"""
         return {name: vocab.cardinality for name, vocab in self.columns.items()}
 
     def hash(self) -> str:
-        """sha256 over every column's values in id order."""
+        """sha256 over every feature's values in id order (`vocab_hash`)."""
         return vocab_hash({name: vocab.values for name, vocab in self.columns.items()})
 
 
+def load_vocabularies(data_dir: str | os.PathLike) -> "Vocabularies":
+    """The vocabularies of a directory holding `vocab/` and `schema.json` (a preprocess output, or a model
+    version that carries them), checked against the schema's hash: ids from other vocabularies would
+    silently mean other values."""
+    from ctrflow.schema import Schema
+
+    schema = Schema.load(data_dir)
+    vocab = Vocabularies.load(data_dir, schema)
+    if vocab.hash() != schema.vocab_hash:
+        raise UserError(f"{data_dir}/vocab: vocabulary hash {vocab.hash()[:12]} != schema.json's "
+                        f"{schema.vocab_hash[:12]}")
+    return vocab
+
+
+def _sparse_names(data_dir, schema) -> list[str]:
+    if schema is None:
+        from ctrflow.schema import Schema
+
+        schema = Schema.load(data_dir)
+    features = getattr(schema, "features", schema)
+    if hasattr(features, "sparse"):
+        return [f.name for f in features.sparse]
+    return list(features)
+
+
 def vocab_hash(values: Mapping[str, pa.Array]) -> str:
-    """sha256 over each column's name, value offsets and bytes (id order): equal iff the id maps are equal."""
+    """sha256 over each feature's name, value offsets and bytes, features in the mapping's order (the
+    schema's), values in id order: equal iff the id maps are equal."""
     digest = hashlib.sha256()
-    for name in SPARSE:
-        column = values[name]
+    for name, column in values.items():
         column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
         n = len(column)
         digest.update(f"{name}:{n}\n".encode())
@@ -198,8 +224,8 @@ def vocab_hash(values: Mapping[str, pa.Array]) -> str:
 
 
 def write_vocab(out_dir: str | os.PathLike, tables: Mapping[str, pa.Table]) -> None:
-    """Write `out_dir/vocab/C{i}.parquet` (columns value, count) for every categorical column."""
+    """Write `out_dir/vocab/<feature>.parquet` (columns value, count) for every sparse feature."""
     vocab_dir = Path(out_dir) / "vocab"
     vocab_dir.mkdir(parents=True, exist_ok=True)
-    for name in SPARSE:
-        pq.write_table(tables[name].select(["value", "count"]), vocab_dir / f"{name}.parquet")
+    for name, table in tables.items():
+        pq.write_table(table.select(["value", "count"]), vocab_dir / f"{name}.parquet")

@@ -1,0 +1,232 @@
+"""Where the rows of a CSV/TSV file begin and end, so that blocks of whole rows parse on their own.
+
+A quoted field may hold the delimiter or a newline, so a newline ends a row only outside quotes.
+Where every quote character of a file stands where RFC 4180 puts it (an opening quote at the start
+of a field, a closing one before a delimiter, a line end or a doubled quote), quoting is a matter of
+parity: a newline ends a row when an even number of quotes precede it. That is checked once per file
+(`scan_quotes`), vectorized. A file with a quote elsewhere (`12" pizza` in an unquoted field, which
+pyarrow's reader takes literally) is split by Python's `csv` module instead: slower, the same rows.
+
+Rows are what pyarrow's reader counts: lines end in \\n, \\r\\n or \\r; empty lines hold no row
+(`blank_lines`). Line numbers count physical lines, so a row with quoted newlines spans several and
+an error names the line it starts on.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import mmap
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+_SCAN_BYTES = 16 << 20
+_PIECE_BYTES = 1 << 20
+_LF, _CR = 10, 13
+BOM = b"\xef\xbb\xbf"
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """The bytes that delimit fields and quote them (None: no quoting)."""
+
+    delimiter: bytes
+    quote: bytes | None
+
+    def csv_options(self) -> dict:
+        """The same dialect for Python's `csv` module."""
+        if self.quote is None:
+            return dict(delimiter=self.delimiter.decode(), quoting=csv.QUOTE_NONE, strict=False)
+        return dict(delimiter=self.delimiter.decode(), quotechar=self.quote.decode(), doublequote=True,
+                    strict=False)
+
+
+@dataclass
+class QuoteScan:
+    """A file's quotes: their count before each 1 MiB piece (the parity anywhere), and whether they all
+    stand where RFC 4180 puts them (`clean`; else `stray` is the offset of the first that does not)."""
+
+    prefix: np.ndarray | None  # int64 [pieces + 1]
+    clean: bool
+    stray: int = -1
+
+
+def scan_quotes(mapped, dialect: Dialect, start: int = 0) -> QuoteScan | None:
+    """Quote counts and the RFC 4180 check of `mapped[start:]` (a field starts at `start`); None when it
+    holds no quote at all."""
+    size = len(mapped)
+    if dialect.quote is None or mapped.find(dialect.quote, start) < 0:
+        return None
+    q, delimiter = dialect.quote[0], dialect.delimiter[0]
+    counts = np.zeros(-(-size // _PIECE_BYTES) + 1, dtype=np.int64)
+    seen = 0
+    for lo in range(start, size, _SCAN_BYTES):
+        end = min(lo + _SCAN_BYTES, size)
+        first = max(lo - 1, 0)  # one byte either side: the neighbours of the chunk's first and last quotes
+        window = np.frombuffer(mapped, dtype=np.uint8, count=min(end + 1, size) - first, offset=first)
+        shift = lo - first
+        found = np.flatnonzero(window[shift:shift + end - lo] == q)
+        if len(found):
+            at = found + shift
+            prev = np.where(found + lo == start, _LF, window[np.maximum(at - 1, 0)])
+            nxt = np.where(at + 1 < len(window), window[np.minimum(at + 1, len(window) - 1)], _LF)
+            opening = (np.arange(len(found)) + seen) % 2 == 0
+            ok_open = (prev == delimiter) | (prev == _LF) | (prev == _CR) | (prev == q)
+            ok_close = (nxt == delimiter) | (nxt == _LF) | (nxt == _CR) | (nxt == q)
+            bad = np.flatnonzero(np.where(opening, ~ok_open, ~ok_close))
+            if len(bad):
+                return QuoteScan(None, False, int(lo + found[bad[0]]))
+            counts[1:] += np.bincount((found + lo) // _PIECE_BYTES, minlength=len(counts) - 1)[:len(counts) - 1]
+            seen += len(found)
+    return QuoteScan(np.cumsum(counts), True)
+
+
+def _outside_quotes(mapped, scan: QuoteScan, q: bytes, position: int) -> bool:
+    piece = position // _PIECE_BYTES
+    return (int(scan.prefix[piece]) + mapped[piece * _PIECE_BYTES:position].count(q)) % 2 == 0
+
+
+def row_end_after(mapped, position: int, dialect: Dialect, scan: QuoteScan | None) -> int:
+    """The offset just past the first row-ending newline at or after `position` (a clean or quote-free
+    file), or the file's size."""
+    while True:
+        newline = mapped.find(b"\n", position)
+        if newline < 0:
+            return len(mapped)
+        if scan is None or _outside_quotes(mapped, scan, dialect.quote, newline):
+            return newline + 1
+        position = newline + 1
+
+
+def plan_cuts(mapped, start: int, block_bytes: int, dialect: Dialect, scan: QuoteScan | None) -> list[int]:
+    """Offsets where blocks of whole rows of `mapped[start:]` begin, then the file's size."""
+    size = len(mapped)
+    if scan is not None and not scan.clean:
+        cuts = [start]
+        for record in _csv_records(mapped, start, size, dialect):
+            if record[2] - cuts[-1] >= block_bytes:
+                cuts.append(record[2])
+        return cuts + ([size] if cuts[-1] < size else [])
+    cuts = [start]
+    while cuts[-1] < size:
+        target = cuts[-1] + block_bytes
+        cuts.append(size if target >= size else row_end_after(mapped, target - 1, dialect, scan))
+    return cuts
+
+
+def read_header(mapped, dialect: Dialect, scan: QuoteScan | None) -> tuple[list[str], int]:
+    """(column names, offset where the data rows begin) of a file whose first row names its columns.
+    A UTF-8 byte order mark is skipped, as pyarrow's reader skips it."""
+    start = len(BOM) if mapped[:len(BOM)] == BOM else 0
+    if scan is not None and not scan.clean:
+        end = next((r[2] for r in _csv_records(mapped, start, len(mapped), dialect) if not r[3]), len(mapped))
+    else:
+        end = row_end_after(mapped, start, dialect, scan)
+    text = bytes(mapped[start:end]).decode("utf-8", "replace")
+    names = next(csv.reader(io.StringIO(text), **dialect.csv_options()), [])
+    return names, end
+
+
+@dataclass
+class Records:
+    """The rows of a block: where each starts and ends (its line end excluded) and the line it starts on."""
+
+    starts: np.ndarray  # int64 [rows]: offsets in the block
+    ends: np.ndarray  # int64 [rows]
+    lines: np.ndarray  # int64 [rows]: the line (0-based, in the block) each row starts on
+    line_count: int  # physical lines in the block
+    blank_lines: int
+
+
+def _line_ends(raw: np.ndarray) -> np.ndarray:
+    """bool [n]: the byte ends a line (\\n; \\r not followed by \\n)."""
+    ends = raw == _LF
+    cr = np.flatnonzero(raw == _CR)
+    if len(cr):
+        lone = cr[(cr + 1 >= len(raw)) | (raw[np.minimum(cr + 1, len(raw) - 1)] != _LF)]
+        ends[lone] = True
+    return ends
+
+
+def count_lines(data) -> int:
+    """Physical lines of a block: line ends (\\n, \\r\\n, \\r), plus an unterminated last line."""
+    raw = np.frombuffer(data, dtype=np.uint8)
+    if not len(raw):
+        return 0
+    ends = _line_ends(raw)
+    return int(np.count_nonzero(ends)) + (0 if ends[-1] else 1)
+
+
+def find_records(data, dialect: Dialect, clean: bool = True) -> Records:
+    """The rows of a block of whole rows, as pyarrow's reader sees them (`clean`: the file's quotes
+    are RFC 4180's, so parity tells quoted newlines apart; else Python's csv module splits the rows)."""
+    raw = np.frombuffer(data, dtype=np.uint8)
+    n = len(raw)
+    if not n:
+        empty = np.zeros(0, np.int64)
+        return Records(empty, empty, empty, 0, 0)
+    if not clean:
+        return _csv_find_records(raw, dialect)
+    ends = _line_ends(raw)
+    terminators = np.flatnonzero(ends)
+    line_count = len(terminators) + (0 if ends[-1] else 1)
+    row_end = np.ones(len(terminators), dtype=bool)
+    if dialect.quote is not None and len(terminators):
+        quotes = np.flatnonzero(raw == dialect.quote[0])
+        row_end = np.searchsorted(quotes, terminators) % 2 == 0  # quotes before the line end: even
+    closing = terminators[row_end]
+    starts = np.concatenate(([0], closing + 1))
+    stops = np.concatenate((closing, [n]))
+    lines = np.concatenate(([0], np.flatnonzero(row_end) + 1))
+    closed = np.arange(len(stops)) < len(closing)
+    crlf = closed & (stops > starts) & (raw[np.maximum(stops - 1, 0)] == _CR) & (raw[np.minimum(stops, n - 1)] == _LF)
+    stops = np.where(crlf, stops - 1, stops)
+    keep = stops > starts
+    blank = int(np.count_nonzero(~keep)) - (1 if starts[-1] == n else 0)  # after the last line end: not a line
+    return Records(starts[keep], stops[keep], lines[keep], line_count, blank)
+
+
+def _csv_find_records(raw: np.ndarray, dialect: Dialect) -> Records:
+    found = list(_csv_records(raw.tobytes(), 0, len(raw), dialect))
+    rows = [r for r in found if not r[3]]
+    starts = np.array([r[0] for r in rows], dtype=np.int64)
+    ends = np.array([r[2] - _terminator_bytes(raw, r[2]) for r in rows], dtype=np.int64)
+    lines = np.array([r[1] for r in rows], dtype=np.int64)
+    return Records(starts, ends, lines, count_lines(raw), len(found) - len(rows))
+
+
+def _terminator_bytes(raw: np.ndarray, stop: int) -> int:
+    if stop >= 2 and raw[stop - 2] == _CR and raw[stop - 1] == _LF:
+        return 2
+    return 1 if stop >= 1 and raw[stop - 1] in (_LF, _CR) else 0
+
+
+def _csv_records(data, start: int, end: int, dialect: Dialect):
+    """(start offset, first line index, end offset with its line end, blank) of each row of data[start:end],
+    by Python's csv module fed one physical line at a time (so offsets are known)."""
+    lines, at = [], start
+    for line in bytes(data[start:end]).splitlines(keepends=True):
+        lines.append((at, line))
+        at += len(line)
+    fed = [0]
+
+    def feed():
+        for k, (_, line) in enumerate(lines):
+            fed[0] = k + 1
+            yield line.decode("utf-8", "surrogateescape")
+
+    begin = 0
+    for row in csv.reader(feed(), **dialect.csv_options()):
+        last_at, last = lines[fed[0] - 1]
+        yield lines[begin][0], begin, last_at + len(last), row == []
+        begin = fed[0]
+
+
+def open_mapped(path: Path):
+    """The file memory-mapped read-only (an empty file: b"")."""
+    with open(path, "rb") as f:
+        if not f.seek(0, 2):
+            return b""
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
