@@ -142,13 +142,18 @@ class ColumnVocab:
 class Vocabularies:
     """The vocabularies of a processed dataset's sparse features, in feature order."""
 
-    def __init__(self, columns: Mapping[str, ColumnVocab]):
+    def __init__(self, columns: Mapping[str, ColumnVocab], schema=None):
         self.columns = dict(columns)
+        self.schema = schema  # the `Schema` they were loaded with, if any
 
     @classmethod
     def load(cls, data_dir: str | os.PathLike, schema=None) -> "Vocabularies":
         """Read `data_dir/vocab/<feature>.parquet` for every sparse feature of `schema` (a `Schema`, a
         `Features`, or a list of names; default: `data_dir/schema.json`'s), in that order."""
+        if schema is None:
+            from ctrflow.schema import Schema
+
+            schema = Schema.load(data_dir)
         names = _sparse_names(data_dir, schema)
         vocab_dir = Path(data_dir) / "vocab"
         tables = {}
@@ -157,7 +162,9 @@ class Vocabularies:
             if not path.exists():
                 raise UserError(f"{path}: missing vocabulary (is {data_dir} a `ctrflow preprocess` output?)")
             tables[name] = pq.read_table(path)
-        return cls.from_tables(tables)
+        vocab = cls.from_tables(tables)
+        vocab.schema = schema if hasattr(schema, "vocab_hash") else None
+        return vocab
 
     @classmethod
     def from_tables(cls, tables: Mapping[str, pa.Table]) -> "Vocabularies":
@@ -195,10 +202,6 @@ def load_vocabularies(data_dir: str | os.PathLike) -> "Vocabularies":
 
 
 def _sparse_names(data_dir, schema) -> list[str]:
-    if schema is None:
-        from ctrflow.schema import Schema
-
-        schema = Schema.load(data_dir)
     features = getattr(schema, "features", schema)
     if hasattr(features, "sparse"):
         return [f.name for f in features.sparse]

@@ -75,15 +75,17 @@ def plan_pieces(path: Path, file_index: int, chunk_rows: int) -> list[ParquetPie
     return pieces
 
 
-def read_piece(piece: ParquetPiece, description: Description) -> tuple[pa.Table, np.ndarray, list]:
+def read_piece(piece: ParquetPiece, description: Description, with_label: bool = True
+               ) -> tuple[pa.Table, np.ndarray, list]:
     """(good rows: label float64, dense float64/int64, sparse columns as read; their row numbers in the
-    piece (int64); problems (row in the piece, reason, raw row as JSON))."""
-    table = open_parquet(Path(piece.path)).read_row_groups(list(piece.row_groups),
-                                                           columns=list(description.used_columns))
+    piece (int64); problems (row in the piece, reason, raw row as JSON)). `with_label`: the file has the
+    label column (predict reads files without it)."""
+    used = [c for c in description.used_columns if with_label or c != description.label]
+    table = open_parquet(Path(piece.path)).read_row_groups(list(piece.row_groups), columns=used)
     n = len(table)
     reasons: dict[int, str] = {}
     columns = {}
-    for name in description.used_columns:
+    for name in used:
         column = table.column(name).combine_chunks()
         role = description.role(name)
         if role in ("label", "dense"):

@@ -69,24 +69,31 @@ def _read(data, columns: list[str], used: list[str], types: dict, dialect: Diale
                                             strings_can_be_null=False))
 
 
-def _types(description: Description, text: bool) -> dict:
+def _types(description: Description, text: bool, with_label: bool = True) -> dict:
     number = pa.int64() if description.dense_type == "integer" else pa.float64()
-    types = {description.label: pa.binary() if text else pa.float64()}
+    types = {description.label: pa.binary() if text else pa.float64()} if with_label else {}
     types.update({c: pa.binary() if text else number for c in description.dense})
     types.update({c: pa.binary() if text else _DICTIONARY for c in description.sparse})
     return types
 
 
 def parse_text_block(data, description: Description, columns: list[str], header_end: int = 0,
-                     quoted: bool = True, clean: bool = True, offsets: bool = False) -> ParsedRows:
+                     quoted: bool = True, clean: bool = True, offsets: bool = False, text: bool = False,
+                     with_label: bool = True) -> ParsedRows:
     """Parse `data` (whole rows; the first `header_end` bytes are the header, skipped). `columns`: every
     column of the file in order; `quoted`: the file holds quote characters; `clean`: they are all where
     RFC 4180 puts them (see `text_rows`); `offsets`: also give each good row's offset in the block (the
-    split's coin needs it)."""
+    split's coin needs it). `text`: keep the good rows' values as text (strings; every value checked as
+    the typed parse checks it), as predict hands them to `transform_raw`; `with_label`: the file has the
+    label column."""
     dialect = dialect_of(description)
     lines = count_lines(data)
     body = memoryview(data)[header_end:] if header_end else data
     header_lines = count_lines(memoryview(data)[:header_end]) if header_end else 0
+    if text:
+        records = find_records(body, dialect, clean)
+        return _parse_slowly(body, description, columns, records, lines, header_lines, header_end, quoted, offsets,
+                             text=True, with_label=with_label)
     used = list(description.used_columns)
     invalid = _Invalid()
     try:
@@ -148,25 +155,35 @@ def _good_rows(records: Records, invalid) -> np.ndarray:
 
 
 def _parse_slowly(body, description: Description, columns: list[str], records: Records, lines: int,
-                  header_lines: int, header_end: int, quoted: bool, offsets: bool) -> ParsedRows:
-    """Every used column as text, checked row by row; the good rows then parsed the fast way."""
+                  header_lines: int, header_end: int, quoted: bool, offsets: bool, text: bool = False,
+                  with_label: bool = True) -> ParsedRows:
+    """Every used column as text, checked row by row; the good rows then parsed the fast way (`text`: kept
+    as text)."""
     invalid = _Invalid()
-    text = _read(body, columns, list(description.used_columns), _types(description, text=True),
-                 dialect_of(description), invalid, quoted)
-    rows_read = len(text) + len(invalid.rows)
+    used = [c for c in description.used_columns if with_label or c != description.label]
+    strings = _read(body, columns, used, _types(description, True, with_label), dialect_of(description), invalid,
+                    quoted)
+    rows_read = len(strings) + len(invalid.rows)
     _check_rows(records, rows_read, body, header_lines)
     problems = {number - 1: _field_count(records, number, e, f, body, header_lines)[1:]
                 for number, e, f in invalid.rows}
     in_table = _good_rows(records, invalid.rows)  # record index of each table row
-    for row, reason in _bad_values(text, description):
+    bad_rows = set()
+    for row, reason in _bad_values(strings, description, used):
         problems.setdefault(int(in_table[row]), (reason, None))
+        bad_rows.add(row)
     ordered = []
     for k in sorted(problems):
         raw = bytes(body[records.starts[k]:records.ends[k]])
         ordered.append((int(records.lines[k]) + header_lines, problems[k][0], raw))
     good = np.array([k for k in range(len(records.starts)) if k not in problems], dtype=np.int64)
     table = None
-    if len(good):
+    if text:
+        keep = np.ones(len(strings), dtype=bool)
+        keep[sorted(bad_rows)] = False
+        kept = strings.filter(pa.array(keep))  # bytes that are not UTF-8 are in bad rows only
+        table = pa.table({c: kept.column(c).cast(pa.string()) for c in used})
+    elif len(good):
         joined = b"\n".join(bytes(body[records.starts[k]:records.ends[k]]) for k in good) + b"\n"
         table = _checked(_read(joined, columns, list(description.used_columns), _types(description, text=False),
                                dialect_of(description), _Invalid(), quoted), description)
@@ -176,9 +193,9 @@ def _parse_slowly(body, description: Description, columns: list[str], records: R
                       records.starts[good] + header_end if offsets else None, ordered)
 
 
-def _bad_values(text: pa.Table, description: Description):
+def _bad_values(text: pa.Table, description: Description, used):
     """(table row, "column X: problem") of every bad value, columns in description order."""
-    for name in description.used_columns:
+    for name in used:
         column = text.column(name).combine_chunks()
         try:
             strings = column.cast(pa.string())
