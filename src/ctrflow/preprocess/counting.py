@@ -23,32 +23,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ctrflow.preprocess.engines import CpuEngine
+from ctrflow.preprocess.hashing import mix, unmix
 from ctrflow.preprocess.vocab import keys_to_strings
 
 SPILL_ENTRIES = 1 << 20  # (value, count) pairs a worker holds before writing a run (16 MB)
 RANGE_ENTRIES = 1 << 20  # pairs of one column merged at once at the end
-_M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # splitmix64: a bijection that spreads keys evenly
-_INV1, _INV2 = pow(_M1, -1, 1 << 64), pow(_M2, -1, 1 << 64)
 _CPU = CpuEngine()
 _RUN_SCHEMA = pa.schema([("h", pa.uint64()), ("count", pa.int64())])
-
-
-def mix(keys: np.ndarray) -> np.ndarray:
-    """uint64 keys → evenly spread uint64 (invertible: `unmix`)."""
-    with np.errstate(over="ignore"):
-        x = keys.astype(np.uint64)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(_M1)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(_M2)
-        return x ^ (x >> np.uint64(31))
-
-
-def unmix(x: np.ndarray) -> np.ndarray:
-    """The inverse of `mix`."""
-    with np.errstate(over="ignore"):
-        x = x.astype(np.uint64)
-        x = (x ^ (x >> np.uint64(31)) ^ (x >> np.uint64(62))) * np.uint64(_INV2)
-        x = (x ^ (x >> np.uint64(27)) ^ (x >> np.uint64(54))) * np.uint64(_INV1)
-        return x ^ (x >> np.uint64(30)) ^ (x >> np.uint64(60))
 
 
 def sum_sorted(keys: np.ndarray, counts: np.ndarray, runs: bool = False) -> tuple[np.ndarray, np.ndarray]:

@@ -28,11 +28,13 @@ from ctrflow.features import LABEL, Features
 
 def part_schema(features: Features) -> pa.Schema:
     """The columns of every part, all REQUIRED (never null; Parquet then stores no definition levels):
-    `label` float32, dense float32, categorical int32, multi-hot fixed_size_list<int32>[max_length]."""
+    `label` float32, dense float32, categorical int32, multi-hot fixed_size_list<int32>[max_length] (its
+    values REQUIRED too)."""
     fields = [pa.field(LABEL, pa.float32(), nullable=False)]
     fields += [pa.field(f.name, pa.float32(), nullable=False) for f in features.dense]
     for f in features.sparse:
-        kind = pa.int32() if f.kind == "categorical" else pa.list_(pa.int32(), f.max_length)
+        ids = pa.field("element", pa.int32(), nullable=False)  # "element": Parquet's name for list values
+        kind = pa.int32() if f.kind == "categorical" else pa.list_(ids, f.max_length)
         fields.append(pa.field(f.name, kind, nullable=False))
     return pa.schema(fields)
 
@@ -54,7 +56,7 @@ def _array(values, kind: pa.DataType) -> pa.Array:
         return values
     if pa.types.is_fixed_size_list(kind):  # [n, max_length] int32 ids
         ids = np.ascontiguousarray(values, dtype=np.int32)
-        return pa.FixedSizeListArray.from_arrays(pa.array(ids.reshape(-1)), kind.list_size)
+        return pa.FixedSizeListArray.from_arrays(pa.array(ids.reshape(-1)), type=kind)
     return pa.array(values)
 
 

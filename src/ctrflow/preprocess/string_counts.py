@@ -20,35 +20,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ctrflow.preprocess.counting import RANGE_ENTRIES, SPILL_ENTRIES, mix
+from ctrflow.preprocess.counting import RANGE_ENTRIES, SPILL_ENTRIES
+from ctrflow.preprocess.hashing import hash_strings
 
 _RUN_SCHEMA = pa.schema([("h", pa.uint64()), ("value", pa.string()), ("count", pa.int64())])
-_PRIME = np.uint64(0x100000001B3)  # FNV's 64-bit prime: odd, so every power is invertible mod 2**64
-
-
-def hash_strings(values: pa.Array) -> np.ndarray:
-    """64-bit hashes (uint64 [n]) of strings: a polynomial over each value's bytes, then splitmix64's
-    finalizer (`counting.mix`); computed with numpy over the Arrow buffers, no Python object per value."""
-    values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
-    if values.type != pa.large_string():
-        values = values.cast(pa.large_string())
-    n = len(values)
-    _, offsets_buf, data_buf = values.buffers()
-    offsets = np.frombuffer(offsets_buf, dtype=np.int64, count=n + 1, offset=values.offset * 8)
-    lengths = np.diff(offsets).astype(np.uint64)
-    total = int(offsets[-1] - offsets[0])
-    sums = np.zeros(n, dtype=np.uint64)
-    if total:
-        data = np.frombuffer(data_buf, dtype=np.uint8, count=total, offset=int(offsets[0]))
-        starts = offsets[:-1] - offsets[0]
-        position = np.arange(total, dtype=np.int64) - np.repeat(starts, lengths.astype(np.int64))
-        powers = np.cumprod(np.full(int(lengths.max()), _PRIME, dtype=np.uint64))  # wraps mod 2**64
-        with np.errstate(over="ignore"):
-            terms = (data.astype(np.uint64) + np.uint64(1)) * powers[position]
-        nonempty = lengths > 0
-        sums[nonempty] = np.add.reduceat(terms, starts[nonempty])
-    with np.errstate(over="ignore"):
-        return mix(sums ^ (lengths * np.uint64(0x9E3779B97F4A7C15)))
 
 
 def sum_counts(values: pa.Array, counts: pa.Array) -> tuple[pa.Array, pa.Array]:

@@ -4,9 +4,10 @@ Ids per sparse feature (categorical or multi-hot): 0 = missing (empty), 1 = rare
 2.. = the vocabulary in order (most frequent first, ties by value bytes). `DIR/vocab/<feature>.parquet`
 holds columns `value` (string) and `count` (int64); row k has id k + 2.
 
-Fast path: a value of exactly 8 bytes (Criteo's 8 hex digits) is a uint64 key (its bytes read as
-one little-endian integer, no copy), so counting and lookup are integer operations.
-Any other value ("other") takes a slower string path; both paths give the same ids.
+Criteo's fast path: a value of exactly 8 bytes (8 hex digits) is a uint64 key (its bytes read as
+one little-endian integer, no copy), so counting and lookup are integer operations; any other value
+("other") takes a slower string path. Any dataset's strings (`encode`) are looked up by hash and
+checked byte for byte (`string_hash.StringIndex`). Every path gives the same ids.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ctrflow.preprocess.engines import CpuEngine, KeyTable
+from ctrflow.preprocess.hashing import StringIndex
 from ctrflow.errors import UserError
 from ctrflow.features import FIRST_ID, MISSING_ID, OOV_ID
 
@@ -89,25 +90,35 @@ _CPU = CpuEngine()
 
 
 class ColumnVocab:
-    """One column's vocabulary and its lookup tables (hash indexes built once)."""
+    """One feature's vocabulary and its lookup tables (each built once, on first use)."""
 
     def __init__(self, name: str, values: pa.Array, counts: np.ndarray):
         self.name = name
         self.values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
         self.counts = np.asarray(counts, dtype=np.int64)
-        keys, other = encode_keys(self.values)
-        is_key = keys != 0
-        self.key_table = KeyTable(keys[is_key], (np.flatnonzero(is_key) + FIRST_ID).astype(np.int32))
+        self._key_table: KeyTable | None = None
         self._other_index = None
-        if other is not None:
-            is_other = other.is_valid().to_numpy(zero_copy_only=False)
-            self._other_index = pd.Index(other.filter(pa.array(is_other)).to_pylist(), dtype=object)
-            self._other_ids = (np.flatnonzero(is_other) + FIRST_ID).astype(np.int32)
+        self._strings: StringIndex | None = None
 
     @property
     def cardinality(self) -> int:
         """Vocabulary size + 2 (missing, OOV): the embedding table size."""
         return len(self.values) + FIRST_ID
+
+    @property
+    def key_table(self) -> KeyTable:
+        """The 8-byte values as uint64 keys and their ids (Criteo's fast path), and the other values' index."""
+        if self._key_table is None:
+            import pandas as pd
+
+            keys, other = encode_keys(self.values)
+            is_key = keys != 0
+            self._key_table = KeyTable(keys[is_key], (np.flatnonzero(is_key) + FIRST_ID).astype(np.int32))
+            if other is not None:
+                is_other = other.is_valid().to_numpy(zero_copy_only=False)
+                self._other_index = pd.Index(other.filter(pa.array(is_other)).to_pylist(), dtype=object)
+                self._other_ids = (np.flatnonzero(is_other) + FIRST_ID).astype(np.int32)
+        return self._key_table
 
     def lookup(self, keys: np.ndarray, other: pa.Array | None = None) -> np.ndarray:
         """Ids (int32 [n]) of values given as `encode_keys` output; 8-byte keys are looked up in the
@@ -134,9 +145,16 @@ class ColumnVocab:
         return ids
 
     def encode(self, values: Sequence[str] | pa.Array) -> np.ndarray:
-        """Raw strings as in the TSV ("" or None = missing) → ids, int32 [n]."""
+        """Raw strings ("" or None = missing) → ids, int32 [n]: any values, looked up by hash and bytes."""
         strings = values if isinstance(values, (pa.Array, pa.ChunkedArray)) else pa.array(list(values), pa.string())
-        return self.lookup(*encode_keys(strings))
+        strings = strings.combine_chunks() if isinstance(strings, pa.ChunkedArray) else strings
+        strings = pc.fill_null(strings.cast(pa.string()) if strings.type != pa.string() else strings, "")
+        if self._strings is None:
+            self._strings = StringIndex(self.values)
+        positions = self._strings.positions(strings)
+        ids = np.where(positions >= 0, positions + FIRST_ID, OOV_ID).astype(np.int32)
+        ids[pc.equal(strings, "").to_numpy(zero_copy_only=False)] = MISSING_ID
+        return ids
 
 
 class Vocabularies:

@@ -97,14 +97,18 @@ class TableDataset:
             _decompress(path, source)
         mapped = open_mapped(source)
         dialect = dialect_of(self.description)
-        skip = len(BOM) if mapped[:len(BOM)] == BOM else 0
-        scan = scan_quotes(mapped, dialect, skip)
-        header_end = read_header(mapped, dialect, scan)[1] if self.description.header else skip
+        header_end = len(BOM) if mapped[:len(BOM)] == BOM else 0
+        if self.description.header:  # the header's own quotes say nothing of the rows'
+            head = bytes(mapped[:_HEADER_BYTES])
+            header_end = read_header(head, dialect, scan_quotes(head, dialect, header_end))[1]
+        scan = scan_quotes(mapped, dialect, header_end)
         cuts = plan_cuts(mapped, header_end, bytes_per_block(source, chunk_rows), dialect, scan)
-        checksum = plain and getattr(self, "_checksums", False)
+        checksum = plain and self._checksums
+        returns = len(mapped) > 0 and mapped.find(b"\r") >= 0
         for k in range(len(cuts) - 1):
             yield TextBlock(index, k, str(source), 0 if k == 0 else cuts[k], cuts[k + 1], tuple(columns),
-                            header_end if k == 0 else 0, scan is not None, scan is None or scan.clean, checksum)
+                            header_end if k == 0 else 0, scan is not None, scan is None or scan.clean, checksum,
+                            returns)
         if len(cuts) < 2 and checksum and len(mapped):  # a header and no row: its pieces still make the digest
             yield TextBlock(index, 0, str(source), 0, len(mapped), tuple(columns), len(mapped), False, True, True)
 

@@ -54,7 +54,7 @@ def encode_block(table: pa.Table, description: Description, valid: np.ndarray | 
     train = np.ones(n, bool) if split == "train" else np.zeros(n, bool) if split == "valid" else ~valid
     width = len(description.dense) + len(description.sparse)
     missing, cut = np.zeros(width, np.int64), np.zeros(len(description.sparse), np.int64)
-    label = pc.fill_null(table.column(description.label), 0).to_numpy(zero_copy_only=False).astype(np.float32)
+    label = table.column(description.label).to_numpy().astype(np.float32)  # never null: checked when parsed
     columns = {LABEL: pa.array(label)}
     for j, name in enumerate(description.dense):
         values = table.column(name)

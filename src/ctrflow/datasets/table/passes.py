@@ -45,6 +45,7 @@ class TextBlock:
     quoted: bool = False  # the file holds quote characters
     clean: bool = True  # ... all where RFC 4180 puts them (`text_rows`)
     checksum: bool = False  # report the CRC-32 of the input pieces starting in the block (the digest)
+    returns: bool = True  # the file holds carriage returns (else lines are counted by \n alone)
 
 
 @dataclass
@@ -112,7 +113,7 @@ class TableFitStage:
             result["pieces"] = piece_checksums(task.path, task.start, task.end)
         data = memoryview(mapped)[task.start:task.end] if len(mapped) else b""  # no copy: parsed in place
         parsed = parse_text_block(data, self.description, list(task.columns), task.header_end, task.quoted,
-                                  task.clean, offsets=split == "split")
+                                  task.clean, offsets=split == "split", returns=task.returns)
         result.update(lines=parsed.lines, rows_read=parsed.rows_read, blank_lines=parsed.blank_lines)
         positions = None if parsed.offsets is None else parsed.offsets + task.start
         return parsed.table, positions, parsed.problems

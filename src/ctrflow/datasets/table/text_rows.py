@@ -150,11 +150,14 @@ def _line_ends(raw: np.ndarray) -> np.ndarray:
     return ends
 
 
-def count_lines(data) -> int:
-    """Physical lines of a block: line ends (\\n, \\r\\n, \\r), plus an unterminated last line."""
+def count_lines(data, returns: bool = True) -> int:
+    """Physical lines of a block: line ends (\\n, \\r\\n, \\r), plus an unterminated last line.
+    `returns`: the data may hold carriage returns (False: only \\n to count, one pass)."""
     raw = np.frombuffer(data, dtype=np.uint8)
     if not len(raw):
         return 0
+    if not returns:
+        return int(np.count_nonzero(raw == _LF)) + (0 if raw[-1] == _LF else 1)
     ends = _line_ends(raw)
     return int(np.count_nonzero(ends)) + (0 if ends[-1] else 1)
 
