@@ -238,3 +238,16 @@ def test_a_parquet_table_with_bad_rows_names_the_row(tmp_path):
         preprocess([path], out=tmp_path / "out", dataset=described)
     summary = preprocess([path], out=tmp_path / "out", dataset=described, on_bad_rows="skip")
     assert (summary["rows_written"], summary["rows_rejected"]) == (99, 1)
+
+
+def test_a_stray_quote_in_an_unused_column_gives_the_same_rows(tmp_path):
+    rows = movie_rows(300, seed=13)
+    rows["title"] = [f'{i}" pizza' if i % 7 == 0 else f"Movie {i}, part {i % 3}" for i in range(300)]
+    data = write_csv(tmp_path / "m.csv", rows)
+    text = (tmp_path / "m.csv").read_text()
+    (tmp_path / "m.csv").write_text(text.replace('"0"" pizza"', '0" pizza').replace('"7"" pizza"', '7" pizza'))
+    described = write_description(tmp_path / "m.yaml")
+    preprocess([data], out=tmp_path / "one", dataset=described, workers=1)
+    preprocess([data], out=tmp_path / "many", dataset=described, workers=2, chunk_rows=20)
+    assert read_split(tmp_path / "many").equals(read_split(tmp_path / "one"))
+    assert len(read_split(tmp_path / "one")) == 300

@@ -59,27 +59,32 @@ def scan_quotes(mapped, dialect: Dialect, start: int = 0) -> QuoteScan | None:
     size = len(mapped)
     if dialect.quote is None or mapped.find(dialect.quote, start) < 0:
         return None
-    q, delimiter = dialect.quote[0], dialect.delimiter[0]
+    q = dialect.quote[0]
+    beside = np.zeros(256, dtype=bool)  # the bytes a quote may follow (opening) or precede (closing)
+    beside[[dialect.delimiter[0], _LF, _CR, q]] = True
     counts = np.zeros(-(-size // _PIECE_BYTES) + 1, dtype=np.int64)
-    seen = 0
-    for lo in range(start, size, _SCAN_BYTES):
-        end = min(lo + _SCAN_BYTES, size)
-        first = max(lo - 1, 0)  # one byte either side: the neighbours of the chunk's first and last quotes
+    odd = 0  # quotes before the chunk, mod 2
+    for lo in range(start - start % _PIECE_BYTES, size, _PIECE_BYTES):  # piece by piece: stays in cache
+        lo = max(lo, start)
+        end = min(lo - lo % _PIECE_BYTES + _PIECE_BYTES, size)
+        first = max(lo - 1, 0)  # one byte either side: the neighbours of the piece's first and last quotes
         window = np.frombuffer(mapped, dtype=np.uint8, count=min(end + 1, size) - first, offset=first)
         shift = lo - first
-        found = np.flatnonzero(window[shift:shift + end - lo] == q)
-        if len(found):
-            at = found + shift
-            prev = np.where(found + lo == start, _LF, window[np.maximum(at - 1, 0)])
-            nxt = np.where(at + 1 < len(window), window[np.minimum(at + 1, len(window) - 1)], _LF)
-            opening = (np.arange(len(found)) + seen) % 2 == 0
-            ok_open = (prev == delimiter) | (prev == _LF) | (prev == _CR) | (prev == q)
-            ok_close = (nxt == delimiter) | (nxt == _LF) | (nxt == _CR) | (nxt == q)
-            bad = np.flatnonzero(np.where(opening, ~ok_open, ~ok_close))
-            if len(bad):
-                return QuoteScan(None, False, int(lo + found[bad[0]]))
-            counts[1:] += np.bincount((found + lo) // _PIECE_BYTES, minlength=len(counts) - 1)[:len(counts) - 1]
-            seen += len(found)
+        at = np.flatnonzero(window[shift:shift + end - lo] == q).astype(np.int32) + shift
+        if not len(at):
+            continue
+        prev = beside[window[np.maximum(at - 1, 0)]]
+        if lo == start:
+            prev[at == shift] = True  # the data's first byte starts a field
+        nxt = beside[window[np.minimum(at + 1, len(window) - 1)]]
+        if end == size:
+            nxt[at + 1 >= len(window)] = True  # the last byte ends a field
+        opening = (np.arange(len(at)) & 1) == odd
+        bad = np.flatnonzero(np.where(opening, ~prev, ~nxt))
+        if len(bad):
+            return QuoteScan(None, False, int(first + at[bad[0]]))
+        counts[lo // _PIECE_BYTES + 1] = len(at)
+        odd ^= len(at) & 1
     return QuoteScan(np.cumsum(counts), True)
 
 

@@ -1,0 +1,71 @@
+"""Blocks of whole CSV rows: quoted delimiters and newlines, blank lines, CRLF, stray quotes."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pytest
+
+from ctrflow.datasets.table.text_rows import Dialect, find_records, plan_cuts, read_header, scan_quotes
+
+DIALECT = Dialect(b",", b'"')
+
+
+def random_csv(rows: int, seed: int, newline: str = "\n") -> tuple[bytes, list[list[str]], list[int]]:
+    """(file bytes, its rows, the line each row starts on): fields with delimiters, quotes, newlines."""
+    rng = np.random.default_rng(seed)
+    pieces = ["a", "bc", "d,e", 'say "hi"', "two\nlines", "", "x y", "3.5"]
+    out, table, lines, line = io.StringIO(), [], [], 1
+    writer = csv.writer(out, lineterminator=newline)
+    for _ in range(rows):
+        if rng.random() < 0.05:
+            out.write(newline)  # a blank line: no row
+            line += 1
+        row = [str(rng.choice(pieces)) for _ in range(3)]
+        writer.writerow(row)
+        table.append(row)
+        lines.append(line)
+        line += 1 + sum(field.count("\n") for field in row)
+    return out.getvalue().encode(), table, lines
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_blocks_cut_at_row_ends_and_rows_know_their_lines(newline):
+    data, rows, lines = random_csv(400, seed=1, newline=newline)
+    scan = scan_quotes(data, DIALECT)
+    assert scan.clean
+    cuts = plan_cuts(data, 0, 97, DIALECT, scan)  # tiny blocks: many cuts near quoted newlines
+    found, found_lines, base = [], [], 0
+    for start, end in zip(cuts, cuts[1:]):
+        block = data[start:end]
+        records = find_records(block, DIALECT)
+        parsed = pcsv.read_csv(pa.BufferReader(block), read_options=pcsv.ReadOptions(
+            column_names=["a", "b", "c"], use_threads=False), parse_options=pcsv.ParseOptions(newlines_in_values=True),
+            convert_options=pcsv.ConvertOptions(column_types={c: pa.string() for c in "abc"},
+                                                strings_can_be_null=False))
+        assert len(parsed) == len(records.starts)
+        found += [list(r.values()) for r in parsed.to_pylist()]
+        found_lines += (records.lines + base + 1).tolist()
+        base += records.line_count
+    assert found == rows and found_lines == lines
+    assert find_records(data, DIALECT, clean=False).lines.tolist() == [n - 1 for n in lines]
+
+
+def test_a_stray_quote_makes_the_file_split_by_the_csv_module():
+    text = 'a,b\n1,12" pizza\n2,"x\ny"\n3,plain\n'.encode()
+    scan = scan_quotes(text, DIALECT, 4)
+    assert not scan.clean and text[scan.stray:scan.stray + 1] == b'"'
+    cuts = plan_cuts(text, 4, 5, DIALECT, scan)
+    assert [text[a:b] for a, b in zip(cuts, cuts[1:])] == [b'1,12" pizza\n', b'2,"x\ny"\n', b"3,plain\n"]
+    records = find_records(text[4:], DIALECT, clean=False)
+    assert records.lines.tolist() == [0, 1, 3] and records.blank_lines == 0
+
+
+def test_the_header_may_hold_quotes_and_a_byte_order_mark():
+    text = b'\xef\xbb\xbf"user id","genres"\n1,"a|b"\n'
+    names, end = read_header(text, DIALECT, scan_quotes(text, DIALECT, 3))
+    assert names == ["user id", "genres"] and text[end:] == b'1,"a|b"\n'
