@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -86,7 +87,10 @@ def test_csv_tsv_parquet_and_gzip_inputs_give_the_same_dataset(tmp_path):
             assert vocab_values(out, name) == vocab_values(outs["csv"], name)
 
 
-def test_output_is_the_same_for_any_workers_and_chunk_size(tmp_path):
+def test_output_is_the_same_for_any_workers_and_chunk_size(tmp_path, monkeypatch):
+    from ctrflow.preprocess import output
+
+    monkeypatch.setattr(output, "PIECE_BYTES", 1024)  # the input digest's pieces then straddle the blocks
     rows = movie_rows(500, seed=3)
     data = write_csv(tmp_path / "m.csv", rows)
     described = write_description(tmp_path / "m.yaml")
@@ -99,6 +103,7 @@ def test_output_is_the_same_for_any_workers_and_chunk_size(tmp_path):
         for split in ("train", "valid"):
             assert read_split(out, split).equals(read_split(outs[0], split))
         assert Schema.load(out).vocab_hash == Schema.load(outs[0]).vocab_hash
+        assert Schema.load(out).files[0]["digest"] == output.file_digest(Path(data))  # made by the workers
     assert 0 < Schema.load(outs[0]).rows["valid"] < 300
 
 

@@ -198,6 +198,24 @@ def piece_checksums(path: Path | str, start: int, end: int) -> tuple[int, np.nda
     return first, np.array(crcs, dtype=np.uint32)
 
 
+def pieces_of_range(start: int, end: int, size: int) -> tuple[int, int, int]:
+    """(first, stop, last byte): the pieces [first, stop) starting in [start, end) of a file of `size`
+    bytes, and the offset where the last of them ends (read that far to checksum them: `checksums_in`)."""
+    first, stop = -(-start // PIECE_BYTES), min(-(-end // PIECE_BYTES), -(-size // PIECE_BYTES))
+    stop = max(first, stop)
+    return first, stop, max(end, min(stop * PIECE_BYTES, size))
+
+
+def checksums_in(data, data_start: int, start: int, end: int, size: int) -> tuple[int, np.ndarray]:
+    """`piece_checksums` from bytes already read: `data` holds the file from `data_start` on, through the
+    end of the last piece starting before `end`."""
+    first, stop, _ = pieces_of_range(start, end, size)
+    view = memoryview(data)
+    crcs = [zlib.crc32(view[k * PIECE_BYTES - data_start:min((k + 1) * PIECE_BYTES, size) - data_start])
+            for k in range(first, stop)]
+    return first, np.array(crcs, dtype=np.uint32)
+
+
 def digest_of_pieces(crcs: np.ndarray) -> str:
     """The digest (`file_digest`) from every piece's CRC-32, in file order."""
     return f"{DIGEST_ALGORITHM}:{hashlib.sha256(crcs.astype('>u4').tobytes()).hexdigest()}"

@@ -20,10 +20,10 @@ from ctrflow.datasets.description import Description
 from ctrflow.datasets.table.encode import VALID, encode_block, lookup_block
 from ctrflow.datasets.table.parquet_read import ParquetPiece, read_piece
 from ctrflow.datasets.table.text_parse import parse_text_block
-from ctrflow.datasets.table.text_rows import open_mapped
 from ctrflow.preprocess.blockcache import CACHE
+from ctrflow.errors import UserError
 from ctrflow.preprocess.counting import SPILL_ENTRIES
-from ctrflow.preprocess.output import part_schema, piece_checksums, write_part
+from ctrflow.preprocess.output import checksums_in, part_schema, pieces_of_range, write_part
 from ctrflow.preprocess.parallel import worker_index
 from ctrflow.preprocess.split import rows_in_valid
 from ctrflow.preprocess.string_counts import StringCounter
@@ -45,7 +45,6 @@ class TextBlock:
     quoted: bool = False  # the file holds quote characters
     clean: bool = True  # ... all where RFC 4180 puts them (`text_rows`)
     checksum: bool = False  # report the CRC-32 of the input pieces starting in the block (the digest)
-    returns: bool = True  # the file holds carriage returns (else lines are counted by \n alone)
 
 
 @dataclass
@@ -108,15 +107,34 @@ class TableFitStage:
         return [result]
 
     def _parse_text(self, task: TextBlock, split: str, result: dict):
-        mapped = open_mapped(Path(task.path))
+        size = os.stat(task.path).st_size
+        # the pieces starting in the block may run past its end: read them whole
+        stop = pieces_of_range(task.start, task.end, size)[2] if task.checksum else task.end
+        data = read_range(task.path, task.start, stop)
         if task.checksum:
-            result["pieces"] = piece_checksums(task.path, task.start, task.end)
-        data = memoryview(mapped)[task.start:task.end] if len(mapped) else b""  # no copy: parsed in place
-        parsed = parse_text_block(data, self.description, list(task.columns), task.header_end, task.quoted,
-                                  task.clean, offsets=split == "split", returns=task.returns)
+            result["pieces"] = checksums_in(data, task.start, task.start, task.end, size)
+        parsed = parse_text_block(data[:task.end - task.start], self.description, list(task.columns),
+                                  task.header_end, task.quoted, task.clean, offsets=split == "split")
         result.update(lines=parsed.lines, rows_read=parsed.rows_read, blank_lines=parsed.blank_lines)
         positions = None if parsed.offsets is None else parsed.offsets + task.start
         return parsed.table, positions, parsed.problems
+
+
+_BUFFER = [bytearray()]  # this worker's block buffer, reused: no fresh pages per block
+
+
+def read_range(path: str, start: int, end: int) -> memoryview:
+    """Bytes [start, end) of a file, read into this worker's reused buffer (valid until the next call)."""
+    n = end - start
+    if len(_BUFFER[0]) < n:
+        _BUFFER[0] = bytearray(int(n * 1.25))
+    view = memoryview(_BUFFER[0])[:n]
+    with open(path, "rb", buffering=0) as f:
+        f.seek(start)
+        got = f.readinto(view)
+    if got != n:
+        raise UserError(f"{path}: the file changed while it was read (expected {n} bytes at {start}, got {got})")
+    return view
 
 
 @dataclass

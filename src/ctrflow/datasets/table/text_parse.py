@@ -78,19 +78,20 @@ def _types(description: Description, text: bool, with_label: bool = True) -> dic
 
 def parse_text_block(data, description: Description, columns: list[str], header_end: int = 0,
                      quoted: bool = True, clean: bool = True, offsets: bool = False, text: bool = False,
-                     with_label: bool = True, returns: bool = True) -> ParsedRows:
+                     with_label: bool = True) -> ParsedRows:
     """Parse `data` (whole rows; the first `header_end` bytes are the header, skipped). `columns`: every
     column of the file in order; `quoted`: the file holds quote characters; `clean`: they are all where
     RFC 4180 puts them (see `text_rows`); `offsets`: also give each good row's offset in the block (the
     split's coin needs it). `text`: keep the good rows' values as text (strings; every value checked as
     the typed parse checks it), as predict hands them to `transform_raw`; `with_label`: the file has the
-    label column; `returns`: the file holds carriage returns (else only \n ends lines: cheaper to count)."""
+    label column."""
     dialect = dialect_of(description)
-    lines = count_lines(data, returns)
+    lines = count_lines(data, returns=False)  # \n alone; where a row has no \n of its own, `find_records` counts
     body = memoryview(data)[header_end:] if header_end else data
     header_lines = count_lines(memoryview(data)[:header_end]) if header_end else 0
     if text:
         records = find_records(body, dialect, clean)
+        lines = header_lines + records.line_count
         return _parse_slowly(body, description, columns, records, lines, header_lines, header_end, quoted, offsets,
                              text=True, with_label=with_label)
     used = list(description.used_columns)
@@ -102,7 +103,8 @@ def parse_text_block(data, description: Description, columns: list[str], header_
         table = None
     records = None
     if table is None or invalid.rows or offsets or (lines - header_lines != len(table) + len(invalid.rows)):
-        records = find_records(body, dialect, clean)
+        records = find_records(body, dialect, clean)  # blank lines, quoted newlines or lone \r: exact lines
+        lines = header_lines + records.line_count
     if table is None:
         return _parse_slowly(body, description, columns, records, lines, header_lines, header_end, quoted, offsets)
     rows_read = len(table) + len(invalid.rows)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import io
 import mmap
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,7 +69,7 @@ def scan_quotes(mapped, dialect: Dialect, start: int = 0) -> QuoteScan | None:
         lo = max(lo, start)
         end = min(lo - lo % _PIECE_BYTES + _PIECE_BYTES, size)
         first = max(lo - 1, 0)  # one byte either side: the neighbours of the piece's first and last quotes
-        window = np.frombuffer(mapped, dtype=np.uint8, count=min(end + 1, size) - first, offset=first)
+        window = np.frombuffer(mapped[first:min(end + 1, size)], dtype=np.uint8)
         shift = lo - first
         at = np.flatnonzero(window[shift:shift + end - lo] == q).astype(np.int32) + shift
         if not len(at):
@@ -230,6 +231,45 @@ def _csv_records(data, start: int, end: int, dialect: Dialect):
         last_at, last = lines[fed[0] - 1]
         yield lines[begin][0], begin, last_at + len(last), row == []
         begin = fed[0]
+
+
+class FileBytes:
+    """A file's bytes, read on demand (`os.pread`) rather than mapped: a scan of the whole file then costs
+    a copy from the page cache, not a page fault per 4 KiB (measured the larger cost). Indexing by slice,
+    `len` and `find`, as for `bytes`."""
+
+    _FIND_BYTES = 4 << 20
+
+    def __init__(self, path: Path):
+        self.fd = os.open(path, os.O_RDONLY)
+        self.size = os.fstat(self.fd).st_size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, key: slice) -> bytes:
+        lo, hi, _ = key.indices(self.size)
+        return os.pread(self.fd, max(0, hi - lo), lo) if hi > lo else b""
+
+    def find(self, sub: bytes, start: int = 0, end: int | None = None) -> int:
+        """The first offset of `sub` in [start, end), or -1."""
+        end = self.size if end is None else min(end, self.size)
+        for lo in range(start, end, self._FIND_BYTES):
+            chunk = self[lo:min(lo + self._FIND_BYTES + len(sub) - 1, end)]
+            at = chunk.find(sub)
+            if at >= 0:
+                return lo + at
+        return -1
+
+    def close(self) -> None:
+        """Release the file."""
+        os.close(self.fd)
+
+    def __enter__(self) -> "FileBytes":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def open_mapped(path: Path):
