@@ -69,3 +69,25 @@ def test_the_header_may_hold_quotes_and_a_byte_order_mark():
     text = b'\xef\xbb\xbf"user id","genres"\n1,"a|b"\n'
     names, end = read_header(text, DIALECT, scan_quotes(text, DIALECT, 3))
     assert names == ["user id", "genres"] and text[end:] == b'1,"a|b"\n'
+
+
+def test_blocks_found_while_scanning_match_a_whole_file_scan_and_survive_a_late_stray_quote(monkeypatch):
+    from ctrflow.datasets.table import text_rows
+    from ctrflow.datasets.table.text_rows import iter_blocks
+
+    monkeypatch.setattr(text_rows, "_PIECE_BYTES", 256)  # quotes counted per piece: many pieces
+    data, rows, _ = random_csv(600, seed=3)
+    blocks = list(iter_blocks(data, 0, 200, DIALECT))
+    cuts = plan_cuts(data, 0, 200, DIALECT, scan_quotes(data, DIALECT))
+    assert [b for b, _, _, _ in blocks] + [blocks[-1][1]] == cuts and all(clean for *_, clean in blocks)
+    assert all(quoted == (b'"' in data[a:b]) for a, b, quoted, _ in blocks)
+    stray = cuts[len(cuts) // 2]  # a row end half way: there a row with a quote inside an unquoted field
+    broken = data[:stray] + b'x,12" pizza,y\n' + data[stray:]
+    parts = list(iter_blocks(broken, 0, 200, DIALECT))
+    assert parts[0][3] and not parts[-1][3]  # parity before the stray, the csv module after it
+    assert [a for a, *_ in parts[1:]] == [b for _, b, *_ in parts[:-1]] and parts[-1][1] == len(broken)
+    expected = rows[:sum(1 for r in csv.reader(io.StringIO(data[:stray].decode())) if r)] + [["x", '12" pizza', "y"]]
+    got = []
+    for a, b, _, _ in parts:
+        got += [list(r) for r in csv.reader(io.StringIO(broken[a:b].decode())) if r]
+    assert got[:len(expected)] == expected and len(got) == len(rows) + 1

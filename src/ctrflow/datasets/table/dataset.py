@@ -17,7 +17,7 @@ from ctrflow.datasets.description import Description
 from ctrflow.datasets.table.parquet_read import check_parquet, plan_pieces
 from ctrflow.datasets.table.passes import TableFitStage, TableTransformStage, TextBlock
 from ctrflow.datasets.table.text_parse import dialect_of
-from ctrflow.datasets.table.text_rows import BOM, FileBytes, plan_cuts, read_header, scan_quotes
+from ctrflow.datasets.table.text_rows import BOM, FileBytes, iter_blocks, read_header, scan_quotes
 from ctrflow.errors import UserError
 from ctrflow.preprocess.files import bytes_per_block, is_gzip
 from ctrflow.preprocess.string_counts import StringMergeStage
@@ -96,20 +96,19 @@ class TableDataset:
             source.parent.mkdir(parents=True, exist_ok=True)
             _decompress(path, source)
         dialect = dialect_of(self.description)
+        checksum = plain and self._checksums
         with FileBytes(source) as data:
             header_end = len(BOM) if data[:len(BOM)] == BOM else 0
             if self.description.header:  # the header's own quotes say nothing of the rows'
                 head = data[:_HEADER_BYTES]
                 header_end = read_header(head, dialect, scan_quotes(head, dialect, header_end))[1]
-            scan = scan_quotes(data, dialect, header_end)
-            cuts = plan_cuts(data, header_end, bytes_per_block(source, chunk_rows), dialect, scan)
             size = len(data)
-        checksum = plain and self._checksums
-        for k in range(len(cuts) - 1):
-            yield TextBlock(index, k, str(source), 0 if k == 0 else cuts[k], cuts[k + 1], tuple(columns),
-                            header_end if k == 0 else 0, scan is not None, scan is None or scan.clean, checksum)
-        if len(cuts) < 2 and checksum and size:  # a header and no row: its pieces still make the digest
-            yield TextBlock(index, 0, str(source), 0, size, tuple(columns), size, False, True, True)
+            for k, (begin, end, quoted, clean) in enumerate(iter_blocks(data, header_end,
+                                                                        bytes_per_block(source, chunk_rows), dialect)):
+                yield TextBlock(index, k, str(source), 0 if k == 0 else begin, end, tuple(columns),
+                                header_end if k == 0 else 0, quoted, clean, checksum)
+            if size <= header_end and checksum and size:  # a header and no row: its pieces make the digest
+                yield TextBlock(index, 0, str(source), 0, size, tuple(columns), size, False, True, True)
 
     def merge_stage(self, runs: list[str], thresholds: list[int], range_entries: int) -> StringMergeStage:
         """The vocabulary merge of one column per task."""

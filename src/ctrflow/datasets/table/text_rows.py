@@ -54,38 +54,66 @@ class QuoteScan:
     stray: int = -1
 
 
-def scan_quotes(mapped, dialect: Dialect, start: int = 0) -> QuoteScan | None:
-    """Quote counts and the RFC 4180 check of `mapped[start:]` (a field starts at `start`); None when it
-    holds no quote at all."""
-    size = len(mapped)
-    if dialect.quote is None or mapped.find(dialect.quote, start) < 0:
-        return None
-    q = dialect.quote[0]
-    beside = np.zeros(256, dtype=bool)  # the bytes a quote may follow (opening) or precede (closing)
-    beside[[dialect.delimiter[0], _LF, _CR, q]] = True
-    counts = np.zeros(-(-size // _PIECE_BYTES) + 1, dtype=np.int64)
-    odd = 0  # quotes before the chunk, mod 2
-    for lo in range(start - start % _PIECE_BYTES, size, _PIECE_BYTES):  # piece by piece: stays in cache
-        lo = max(lo, start)
-        end = min(lo - lo % _PIECE_BYTES + _PIECE_BYTES, size)
+class QuoteTracker:
+    """A file's quotes from `start` on, scanned piece by piece only as far as asked (`advance_to`): their
+    count before any offset (`quotes_before`) and the first quote that is not where RFC 4180 puts it
+    (`stray`, -1 while none is found; parity is then trusted only before it)."""
+
+    def __init__(self, data, dialect: Dialect, start: int = 0):
+        self.data, self.size, self.start = data, len(data), start
+        self.q = dialect.quote[0]
+        self.beside = np.zeros(256, dtype=bool)  # the bytes a quote may follow (opening) or precede (closing)
+        self.beside[[dialect.delimiter[0], _LF, _CR, self.q]] = True
+        self.prefix = [0]  # quotes before each piece boundary scanned (from `start`'s piece)
+        self.scanned = start  # [start, scanned) is scanned
+        self.stray = -1
+
+    def advance_to(self, position: int) -> None:
+        """Scan the pieces holding [scanned, position) (stops at a stray quote)."""
+        position = min(position, self.size)
+        while self.scanned < position and self.stray < 0:
+            self._scan_piece()
+
+    def _scan_piece(self) -> None:
+        lo = self.scanned
+        end = min(lo - lo % _PIECE_BYTES + _PIECE_BYTES, self.size)
         first = max(lo - 1, 0)  # one byte either side: the neighbours of the piece's first and last quotes
-        window = np.frombuffer(mapped[first:min(end + 1, size)], dtype=np.uint8)
+        window = np.frombuffer(self.data[first:min(end + 1, self.size)], dtype=np.uint8)
         shift = lo - first
-        at = np.flatnonzero(window[shift:shift + end - lo] == q).astype(np.int32) + shift
-        if not len(at):
-            continue
-        prev = beside[window[np.maximum(at - 1, 0)]]
-        if lo == start:
-            prev[at == shift] = True  # the data's first byte starts a field
-        nxt = beside[window[np.minimum(at + 1, len(window) - 1)]]
-        if end == size:
-            nxt[at + 1 >= len(window)] = True  # the last byte ends a field
-        opening = (np.arange(len(at)) & 1) == odd
-        bad = np.flatnonzero(np.where(opening, ~prev, ~nxt))
-        if len(bad):
-            return QuoteScan(None, False, int(first + at[bad[0]]))
-        counts[lo // _PIECE_BYTES + 1] = len(at)
-        odd ^= len(at) & 1
+        at = np.flatnonzero(window[shift:shift + end - lo] == self.q).astype(np.int32) + shift
+        if len(at):
+            prev = self.beside[window[np.maximum(at - 1, 0)]]
+            if lo == self.start:
+                prev[at == shift] = True  # the data's first byte starts a field
+            nxt = self.beside[window[np.minimum(at + 1, len(window) - 1)]]
+            if end == self.size:
+                nxt[at + 1 >= len(window)] = True  # the last byte ends a field
+            opening = (np.arange(len(at)) & 1) == (self.prefix[-1] & 1)
+            bad = np.flatnonzero(np.where(opening, ~prev, ~nxt))
+            if len(bad):
+                self.stray = int(first + at[bad[0]])
+                return
+        self.prefix.append(self.prefix[-1] + len(at))
+        self.scanned = end
+
+    def quotes_before(self, position: int) -> int:
+        """Quotes in [start, position): the pieces before `position`'s must be scanned."""
+        piece = position // _PIECE_BYTES - self.start // _PIECE_BYTES
+        lo = max(self.start, position - position % _PIECE_BYTES)
+        return self.prefix[piece] + (self.data[lo:position].count(bytes([self.q])) if position > lo else 0)
+
+
+def scan_quotes(data, dialect: Dialect, start: int = 0) -> QuoteScan | None:
+    """Quote counts and the RFC 4180 check of `data[start:]` (a field starts at `start`), all of it at
+    once; None when it holds no quote at all."""
+    if dialect.quote is None or data.find(dialect.quote, start) < 0:
+        return None
+    tracker = QuoteTracker(data, dialect, start)
+    tracker.advance_to(len(data))
+    if tracker.stray >= 0:
+        return QuoteScan(None, False, tracker.stray)
+    counts = np.zeros(-(-len(data) // _PIECE_BYTES) + 1, dtype=np.int64)
+    counts[start // _PIECE_BYTES + 1:start // _PIECE_BYTES + len(tracker.prefix)] = np.diff(tracker.prefix)
     return QuoteScan(np.cumsum(counts), True)
 
 
@@ -107,19 +135,63 @@ def row_end_after(mapped, position: int, dialect: Dialect, scan: QuoteScan | Non
 
 
 def plan_cuts(mapped, start: int, block_bytes: int, dialect: Dialect, scan: QuoteScan | None) -> list[int]:
-    """Offsets where blocks of whole rows of `mapped[start:]` begin, then the file's size."""
+    """Offsets where blocks of whole rows of `mapped[start:]` begin, then the file's size (`scan`: the
+    whole file's quotes, scanned first)."""
     size = len(mapped)
     if scan is not None and not scan.clean:
-        cuts = [start]
-        for record in _csv_records(mapped, start, size, dialect):
-            if record[2] - cuts[-1] >= block_bytes:
-                cuts.append(record[2])
-        return cuts + ([size] if cuts[-1] < size else [])
+        return [start] + [end for _, end in _csv_blocks(mapped, start, block_bytes, dialect)]
     cuts = [start]
     while cuts[-1] < size:
         target = cuts[-1] + block_bytes
         cuts.append(size if target >= size else row_end_after(mapped, target - 1, dialect, scan))
     return cuts
+
+
+def iter_blocks(data, start: int, block_bytes: int, dialect: Dialect):
+    """(begin, end, quoted, clean) of each block of whole rows of `data[start:]`, found as the file is
+    scanned (so the blocks before a cut can be parsed while the rest is scanned): `quoted`, the block
+    holds a quote; `clean`, its quotes are RFC 4180's. From the first stray quote on, Python's csv
+    module cuts the rest (`clean` False)."""
+    size = len(data)
+    tracker = QuoteTracker(data, dialect, start) if dialect.quote is not None else None
+    begin = start
+    while begin < size:
+        end = _next_cut(data, begin, block_bytes, tracker)
+        if end is None:  # a stray quote before the cut: parity cannot be trusted from here
+            for a, b in _csv_blocks(data, begin, block_bytes, dialect):
+                yield a, b, True, False
+            return
+        quoted = tracker is not None and tracker.quotes_before(end) > tracker.quotes_before(begin)
+        yield begin, end, quoted, True
+        begin = end
+
+
+def _next_cut(data, begin: int, block_bytes: int, tracker: QuoteTracker | None) -> int | None:
+    """The end of the block starting at `begin` (a row end at or after block_bytes), None at a stray."""
+    size = len(data)
+    position = begin + block_bytes - 1
+    while True:
+        newline = data.find(b"\n", position) if position < size else -1
+        end = size if newline < 0 else newline + 1
+        if tracker is None:
+            return end
+        tracker.advance_to(end)
+        if tracker.stray >= 0:
+            return None
+        if end == size or tracker.quotes_before(newline) % 2 == 0:
+            return end
+        position = newline + 1
+
+
+def _csv_blocks(data, start: int, block_bytes: int, dialect: Dialect):
+    """(begin, end) of blocks of whole rows of data[start:] as Python's csv module reads them."""
+    size, begin = len(data), start
+    for record in _csv_records(data, start, size, dialect):
+        if record[2] - begin >= block_bytes:
+            yield begin, record[2]
+            begin = record[2]
+    if begin < size:
+        yield begin, size
 
 
 def read_header(mapped, dialect: Dialect, scan: QuoteScan | None) -> tuple[list[str], int]:
