@@ -311,7 +311,8 @@ def main(argv: list[str] | None = None) -> None:
         "distinct_values": sum(c.get("distinct_train", 0) for c in stats["columns"].values()),
         "engine": args.engine, "device": args.device if args.engine == "gpu" else None,
         "gpu": gpu_name(args),
-        "workers": stats["workers"], "chunk_rows": stats["chunk_rows"], "cpus": os.cpu_count(), "machine": platform.node(),
+        "workers": stats["workers"], "chunk_rows": stats["chunk_rows"], "cpus": os.cpu_count(),
+        "machine": platform.node(),
         "load_average_1m": round(os.getloadavg()[0], 2),
     }
     if args.hugectr_script:

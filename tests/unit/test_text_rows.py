@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pytest
 
-from ctrflow.datasets.table.text_rows import Dialect, find_records, plan_cuts, read_header, scan_quotes
+from ctrflow.datasets.table.text_rows import Dialect, find_records, iter_blocks, read_header, scan_quotes
 
 DIALECT = Dialect(b",", b'"')
 
@@ -36,9 +36,9 @@ def random_csv(rows: int, seed: int, newline: str = "\n") -> tuple[bytes, list[l
 @pytest.mark.parametrize("newline", ["\n", "\r\n"])
 def test_blocks_cut_at_row_ends_and_rows_know_their_lines(newline):
     data, rows, lines = random_csv(400, seed=1, newline=newline)
-    scan = scan_quotes(data, DIALECT)
-    assert scan.clean
-    cuts = plan_cuts(data, 0, 97, DIALECT, scan)  # tiny blocks: many cuts near quoted newlines
+    assert scan_quotes(data, DIALECT).clean
+    blocks = list(iter_blocks(data, 0, 97, DIALECT))  # tiny blocks: many cuts near quoted newlines
+    cuts = [b for b, *_ in blocks] + [blocks[-1][1]]
     found, found_lines, base = [], [], 0
     for start, end in zip(cuts, cuts[1:]):
         block = data[start:end]
@@ -59,8 +59,9 @@ def test_a_stray_quote_makes_the_file_split_by_the_csv_module():
     text = 'a,b\n1,12" pizza\n2,"x\ny"\n3,plain\n'.encode()
     scan = scan_quotes(text, DIALECT, 4)
     assert not scan.clean and text[scan.stray:scan.stray + 1] == b'"'
-    cuts = plan_cuts(text, 4, 5, DIALECT, scan)
-    assert [text[a:b] for a, b in zip(cuts, cuts[1:])] == [b'1,12" pizza\n', b'2,"x\ny"\n', b"3,plain\n"]
+    blocks = list(iter_blocks(text, 4, 5, DIALECT))
+    assert [text[a:b] for a, b, _, _ in blocks] == [b'1,12" pizza\n', b'2,"x\ny"\n', b"3,plain\n"]
+    assert not any(clean for *_, clean in blocks)
     records = find_records(text[4:], DIALECT, clean=False)
     assert records.lines.tolist() == [0, 1, 3] and records.blank_lines == 0
 
@@ -71,15 +72,14 @@ def test_the_header_may_hold_quotes_and_a_byte_order_mark():
     assert names == ["user id", "genres"] and text[end:] == b'1,"a|b"\n'
 
 
-def test_blocks_found_while_scanning_match_a_whole_file_scan_and_survive_a_late_stray_quote(monkeypatch):
+def test_blocks_cut_while_scanning_survive_a_late_stray_quote(monkeypatch):
     from ctrflow.datasets.table import text_rows
-    from ctrflow.datasets.table.text_rows import iter_blocks
 
     monkeypatch.setattr(text_rows, "_PIECE_BYTES", 256)  # quotes counted per piece: many pieces
     data, rows, _ = random_csv(600, seed=3)
     blocks = list(iter_blocks(data, 0, 200, DIALECT))
-    cuts = plan_cuts(data, 0, 200, DIALECT, scan_quotes(data, DIALECT))
-    assert [b for b, _, _, _ in blocks] + [blocks[-1][1]] == cuts and all(clean for *_, clean in blocks)
+    cuts = [b for b, *_ in blocks] + [blocks[-1][1]]
+    assert all(clean for *_, clean in blocks) and len(blocks) > 10
     assert all(quoted == (b'"' in data[a:b]) for a, b, quoted, _ in blocks)
     stray = cuts[len(cuts) // 2]  # a row end half way: there a row with a quote inside an unquoted field
     broken = data[:stray] + b'x,12" pizza,y\n' + data[stray:]

@@ -96,8 +96,9 @@ def count_file(input: str | os.PathLike, out: str | os.PathLike, file_index: int
         runs.append(f"runs/run-{i:05d}.arrow")
         os.replace(run, out / runs[-1])
     _write_other(out / OTHER, finals)
-    summary = {"file_index": file_index, "path": str(path.resolve()), "split": kind, "digest": file_digest(path, workers),
-               "stats": stats, "warnings": warnings, "runs": runs, "chunk_rows": chunk_rows,
+    summary = {"file_index": file_index, "path": str(path.resolve()), "split": kind,
+               "digest": file_digest(path, workers), "stats": stats, "warnings": warnings, "runs": runs,
+               "chunk_rows": chunk_rows,
                "dataset": data.description.to_dict(), "dataset_kind": _dataset_kind(data),
                "records": [_record_json(r) for r in records], "seconds": round(time.perf_counter() - started, 3)}
     (out / COUNTS).write_text(json.dumps(summary) + "\n")

@@ -33,8 +33,9 @@ def run_gpu(files, tmp: Path, threshold: int, fraction: float, workers: int, on_
     t0 = time.perf_counter()
     per_file, warnings = [file_stats(p, s) for p, s in files], []
     try:
-        groups, records = fit_pass(engine, files, tmp, {i: bytes_per_block(Path(p), chunk_rows) for i, p in paths.items()},
-                                   on_bad_rows, per_file, warnings, _bar(progress, "fit"))
+        block_bytes = {i: bytes_per_block(Path(p), chunk_rows) for i, p in paths.items()}
+        groups, records = fit_pass(engine, files, tmp, block_bytes, on_bad_rows, per_file, warnings,
+                                   _bar(progress, "fit"))
     finally:
         engine.reader.close()
     check_rows_written(per_file)

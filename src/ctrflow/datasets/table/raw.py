@@ -26,7 +26,8 @@ import pyarrow.compute as pc
 from ctrflow.datasets.description import Description
 from ctrflow.datasets.table.parquet_read import open_parquet, plan_pieces, read_piece
 from ctrflow.datasets.table.text_parse import dialect_of, parse_text_block
-from ctrflow.datasets.table.text_rows import BOM, open_mapped, plan_cuts, read_header, row_end_after, scan_quotes
+from ctrflow.datasets.table.text_rows import (BOM, iter_blocks, open_mapped, read_header, row_end_after,
+                                                 scan_quotes)
 from ctrflow.errors import UserError
 from ctrflow.preprocess.files import is_gzip
 from ctrflow.preprocess.numbers import parse_numbers
@@ -69,9 +70,10 @@ def _text_rows(path: Path, source: Path, description: Description, block_bytes: 
         return
     dialect = dialect_of(description)
     skip = len(BOM) if mapped[:len(BOM)] == BOM else 0
-    scan = scan_quotes(mapped, dialect, skip)
+    head = bytes(mapped[:1 << 20])
+    scan = scan_quotes(head, dialect, skip)  # the header's and first row's quotes
     if description.header:
-        columns, header_end = read_header(mapped, dialect, scan)
+        columns, header_end = read_header(head, dialect, scan)
         with_label = description.label in columns
         missing = [c for c in description.raw_columns if c not in columns]
         if missing:
@@ -81,11 +83,10 @@ def _text_rows(path: Path, source: Path, description: Description, block_bytes: 
         header_end = skip
         columns, with_label = _layout(path, mapped, description, skip, scan)
     base = 0
-    cuts = plan_cuts(mapped, header_end, block_bytes, dialect, scan)
-    for k in range(len(cuts) - 1):
-        start, head = (0, header_end) if k == 0 else (cuts[k], 0)
-        parsed = parse_text_block(memoryview(mapped)[start:cuts[k + 1]], description, columns, head,
-                                  scan is not None, scan is None or scan.clean, text=True, with_label=with_label)
+    for k, (begin, end, quoted, clean) in enumerate(iter_blocks(mapped, header_end, block_bytes, dialect)):
+        start, head = (0, header_end) if k == 0 else (begin, 0)
+        parsed = parse_text_block(memoryview(mapped)[start:end], description, columns, head, quoted, clean,
+                                  text=True, with_label=with_label)
         if parsed.problems:
             line, reason, _ = parsed.problems[0]
             raise UserError(f"{path}: line {base + line + 1}: {reason}")
@@ -96,7 +97,8 @@ def _text_rows(path: Path, source: Path, description: Description, block_bytes: 
 
 def _layout(path: Path, mapped, description: Description, skip: int, scan) -> tuple[list[str], bool]:
     """A header-less file's columns: all of `columns`, or all but the label (one field fewer)."""
-    first = bytes(mapped[skip:row_end_after(mapped, skip, dialect_of(description), scan)])
+    head = bytes(mapped[:1 << 20])
+    first = head[skip:row_end_after(head, skip, dialect_of(description), scan)]
     rows = csv.reader(io.StringIO(first.decode("utf-8", "replace")), **dialect_of(description).csv_options())
     fields = len(next(rows, []))
     full = list(description.columns)

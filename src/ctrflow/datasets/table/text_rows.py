@@ -134,19 +134,6 @@ def row_end_after(mapped, position: int, dialect: Dialect, scan: QuoteScan | Non
         position = newline + 1
 
 
-def plan_cuts(mapped, start: int, block_bytes: int, dialect: Dialect, scan: QuoteScan | None) -> list[int]:
-    """Offsets where blocks of whole rows of `mapped[start:]` begin, then the file's size (`scan`: the
-    whole file's quotes, scanned first)."""
-    size = len(mapped)
-    if scan is not None and not scan.clean:
-        return [start] + [end for _, end in _csv_blocks(mapped, start, block_bytes, dialect)]
-    cuts = [start]
-    while cuts[-1] < size:
-        target = cuts[-1] + block_bytes
-        cuts.append(size if target >= size else row_end_after(mapped, target - 1, dialect, scan))
-    return cuts
-
-
 def iter_blocks(data, start: int, block_bytes: int, dialect: Dialect):
     """(begin, end, quoted, clean) of each block of whole rows of `data[start:]`, found as the file is
     scanned (so the blocks before a cut can be parsed while the rest is scanned): `quoted`, the block
