@@ -17,7 +17,8 @@ from ctrflow.datasets.description import Description
 from ctrflow.datasets.table.parquet_read import check_parquet, plan_pieces
 from ctrflow.datasets.table.passes import TableFitStage, TableTransformStage, TextBlock
 from ctrflow.datasets.table.text_parse import dialect_of
-from ctrflow.datasets.table.text_rows import BOM, FileBytes, iter_blocks, read_header, scan_quotes
+from ctrflow.datasets.table.sources import FileBytes
+from ctrflow.datasets.table.text_rows import BOM, iter_blocks, read_header, scan_quotes
 from ctrflow.errors import UserError
 from ctrflow.preprocess.files import bytes_per_block, is_gzip
 from ctrflow.preprocess.string_counts import StringMergeStage

@@ -26,8 +26,8 @@ import pyarrow.compute as pc
 from ctrflow.datasets.description import Description
 from ctrflow.datasets.table.parquet_read import open_parquet, plan_pieces, read_piece
 from ctrflow.datasets.table.text_parse import dialect_of, parse_text_block
-from ctrflow.datasets.table.text_rows import (BOM, iter_blocks, open_mapped, read_header, row_end_after,
-                                                 scan_quotes)
+from ctrflow.datasets.table.sources import open_mapped
+from ctrflow.datasets.table.text_rows import BOM, iter_blocks, read_header, row_end_after, scan_quotes
 from ctrflow.errors import UserError
 from ctrflow.preprocess.files import is_gzip
 from ctrflow.preprocess.numbers import parse_numbers
