@@ -31,7 +31,7 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cuda", help="torch device of --engine gpu (cuda, cuda:1, cpu)")
 
 
-def _file_flags(parser: argparse.ArgumentParser, chunk_rows: int) -> None:
+def _file_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", required=True, metavar="FILE", help="one raw file (plain or gzip, or Parquet)")
     parser.add_argument("--file-index", "--part-index", dest="file_index", type=int, default=0,
                         help="the file's position in the input order (train files first, then valid)")
@@ -39,18 +39,19 @@ def _file_flags(parser: argparse.ArgumentParser, chunk_rows: int) -> None:
     parser.add_argument("--valid-fraction", type=float, default=None,
                         help="train files: send this fraction of rows to valid (seeded per row and file index)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the --valid-fraction split")
-    parser.add_argument("--chunk-rows", type=int, default=chunk_rows, help="rows per block (same in every step)")
+    parser.add_argument("--chunk-rows", type=int, default=None,
+                        help="rows per block (same in every step; default as the single run's)")
     parser.add_argument("--on-bad-rows", default="error", choices=["error", "skip"])
     parser.add_argument("--workers", type=int, default=1, help="worker processes for this file")
     _engine_flags(parser)
 
 
 def _configure_actions(parser: argparse.ArgumentParser) -> None:
-    from ctrflow.preprocess.run import COMPRESSIONS, DEFAULT_CHUNK_ROWS, DEFAULT_COMPRESSION
+    from ctrflow.preprocess.run import COMPRESSIONS, DEFAULT_COMPRESSION
 
     actions = parser.add_subparsers(dest="action", metavar="[count|merge|transform|finalize]")
     count = actions.add_parser("count", help=ACTIONS["count"], description=ACTIONS["count"])
-    _file_flags(count, DEFAULT_CHUNK_ROWS)
+    _file_flags(count)
     count.add_argument("--out", required=True, metavar="COUNTS_DIR")
     _dataset_flag(count, default=None)
     merge = actions.add_parser("merge", help=ACTIONS["merge"], description=ACTIONS["merge"])
@@ -60,7 +61,7 @@ def _configure_actions(parser: argparse.ArgumentParser) -> None:
                        help="the default threshold (default: the dataset description's; 6 for criteo)")
     merge.add_argument("--workers", type=int, default=1, help="threads merging columns")
     transform = actions.add_parser("transform", help=ACTIONS["transform"], description=ACTIONS["transform"])
-    _file_flags(transform, DEFAULT_CHUNK_ROWS)
+    _file_flags(transform)
     transform.add_argument("--vocab", required=True, metavar="MERGED_DIR", help="the merge step's output")
     transform.add_argument("--out", required=True, metavar="PARTS_DIR")
     transform.add_argument("--compression", default=DEFAULT_COMPRESSION, choices=COMPRESSIONS)
@@ -99,8 +100,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--on-bad-rows", default="error", choices=["error", "skip"],
                         help="stop at the first malformed row, or skip it and list it in DIR/rejected.tsv")
     parser.add_argument("--seed", type=int, default=0, help="seed of the --valid-fraction split")
-    parser.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS,
-                        help="about this many rows per block and Parquet part (sets memory per worker)")
+    parser.add_argument("--chunk-rows", type=int, default=None,
+                        help=f"about this many rows per block and Parquet part (sets memory per worker; default: "
+                             f"{DEFAULT_CHUNK_ROWS} for criteo, about 32 MB of text per block of a described table)")
     parser.add_argument("--compression", default=DEFAULT_COMPRESSION, choices=COMPRESSIONS,
                         help="Parquet compression of the parts (none: fastest; snappy/zstd: smaller files)")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,

@@ -34,8 +34,8 @@ from ctrflow.preprocess.accounting import collect_stats, file_stats
 from ctrflow.preprocess.counting import SPILL_ENTRIES
 from ctrflow.preprocess.files import expand_inputs
 from ctrflow.preprocess.output import check_out_dir, file_digest, publish
-from ctrflow.preprocess.run import (DEFAULT_CHUNK_ROWS, DEFAULT_COMPRESSION, RANGE_ENTRIES, RECORD_KEYS,
-                                    build_vocabulary, fit_pass, transform_pass, write_metadata)
+from ctrflow.preprocess.run import (DEFAULT_COMPRESSION, RANGE_ENTRIES, RECORD_KEYS, build_vocabulary, fit_pass,
+                                    transform_pass, write_metadata)
 from ctrflow.preprocess.vocab import write_vocab
 
 COUNTS, OTHER, MERGE, PARTS = "counts.json", "other.arrow", "merge.json", "parts.json"
@@ -78,7 +78,7 @@ def _dataset_kind(data) -> str:
 
 
 def count_file(input: str | os.PathLike, out: str | os.PathLike, file_index: int = 0, split: str = "train",
-               valid_fraction: float | None = None, seed: int = 0, chunk_rows: int = DEFAULT_CHUNK_ROWS,
+               valid_fraction: float | None = None, seed: int = 0, chunk_rows: int | None = None,
                on_bad_rows: str = "error", workers: int = 1, spill_entries: int = SPILL_ENTRIES,
                dataset="criteo") -> dict:
     """Count one training (or validation) file's values into `out`; returns its accounting. `dataset`:
@@ -88,6 +88,7 @@ def count_file(input: str | os.PathLike, out: str | os.PathLike, file_index: int
     data.check_inputs([path])
     (out / "runs").mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    chunk_rows = data.chunk_rows(chunk_rows)
     records, stats, warnings, finals = _fit_file(data, path, kind, file_index, out, True,
                                                  valid_fraction=valid_fraction, seed=seed, on_bad_rows=on_bad_rows,
                                                  workers=workers, chunk_rows=chunk_rows, spill_entries=spill_entries)
@@ -186,7 +187,7 @@ def _block_rows(records: list[dict]) -> list[list[int]]:
 
 def transform_file(input: str | os.PathLike, merged: str | os.PathLike, out: str | os.PathLike, file_index: int = 0,
                    split: str = "train", valid_fraction: float | None = None, seed: int = 0,
-                   chunk_rows: int = DEFAULT_CHUNK_ROWS, on_bad_rows: str = "error", workers: int = 1,
+                   chunk_rows: int | None = None, on_bad_rows: str = "error", workers: int = 1,
                    compression: str = DEFAULT_COMPRESSION) -> dict:
     """One file → `out/{train,valid}/part-NNNNN.parquet`, numbered from `merged/merge.json`."""
     path, kind, out, merged = _one_file(input), _split_kind(split, valid_fraction), Path(out), Path(merged)
@@ -203,6 +204,7 @@ def transform_file(input: str | os.PathLike, merged: str | os.PathLike, out: str
         (work / split_name).mkdir(exist_ok=True)
     data = _dataset_of(plan)
     data.check_inputs([path])
+    chunk_rows = data.chunk_rows(chunk_rows)
     records, _, _, _ = _fit_file(data, path, kind, file_index, work, False, valid_fraction=valid_fraction, seed=seed,
                                  on_bad_rows=on_bad_rows, workers=workers, chunk_rows=chunk_rows)
     if _block_rows(records) != plan["blocks"][str(file_index)]:
@@ -263,7 +265,7 @@ def _stats(data, found, merged: Path, plan: dict, part_dirs) -> tuple[dict, list
     warnings = [w for _, counts in found for w in counts["warnings"]]
     per_file = [counts["stats"] for _, counts in found]
     stats = collect_stats(records, per_file, plan["distinct"], tables, rows, warnings, passes, len(found),
-                          found[0][1]["chunk_rows"] if found else DEFAULT_CHUNK_ROWS, data.description.dense,
+                          found[0][1]["chunk_rows"] if found else data.chunk_rows(None), data.description.dense,
                           data.description.sparse, data.max_lengths)
     stats["passes"]["total_seconds"] = round(sum(passes.values()), 3)
     files = [(Path(c["path"]), c["split"]) for _, c in found]

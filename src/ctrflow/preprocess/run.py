@@ -36,7 +36,7 @@ from ctrflow.preprocess.parallel import WorkerPool, reap
 from ctrflow.preprocess.vocab import write_vocab
 from ctrflow.schema import Schema
 
-DEFAULT_CHUNK_ROWS = 1 << 17  # rows per block and Parquet part: sets memory per worker (~2 KB per row in flight)
+DEFAULT_CHUNK_ROWS = 1 << 17  # Criteo rows per block and Parquet part: sets memory per worker (~2 KB per row in flight)
 # Parquet compression of the parts. "none" by default: 2.5x cheaper to write than snappy, and the
 # parts are read once per epoch by the loader; "snappy" or "zstd" make files ~2.5x smaller.
 COMPRESSIONS = ("none", "snappy", "zstd", "lz4")
@@ -46,7 +46,7 @@ DEFAULT_COMPRESSION = "none"
 def preprocess(train: Sequence[str], valid: Sequence[str] = (), out: str | os.PathLike = "data",
                freq_threshold: int | None = None, valid_fraction: float | None = None, workers: int | None = None,
                on_bad_rows: str = "error", engine: str = "cpu", seed: int = 0, tracker=None,
-               chunk_rows: int = DEFAULT_CHUNK_ROWS, progress: bool | None = None,
+               chunk_rows: int | None = None, progress: bool | None = None,
                compression: str = DEFAULT_COMPRESSION, spill_entries: int = SPILL_ENTRIES,
                range_entries: int = RANGE_ENTRIES, device: str = "cuda", dataset="criteo") -> dict:
     """Preprocess raw files into `out`; returns the summary (rows, cardinalities, vocab hash, seconds).
@@ -56,12 +56,14 @@ def preprocess(train: Sequence[str], valid: Sequence[str] = (), out: str | os.Pa
     "gpu" (Criteo only: parse, count and transform in this process on torch `device`: `gpu_engine`);
     the output is the same whichever runs.
 
-    Memory: each worker holds one block (`chunk_rows`) and at most `spill_entries` (value, count)
-    pairs; the final merge holds `range_entries` pairs per column at a time."""
+    Memory: each worker holds one block (`chunk_rows`: 131,072 rows of Criteo by default, about 32 MB of
+    text of a described table) and at most `spill_entries` (value, count) pairs; the final merge holds
+    `range_entries` pairs per column at a time."""
     from ctrflow.datasets.catalog import open_dataset
 
     data = open_dataset(dataset, freq_threshold)
     _check_args(train, valid, valid_fraction, on_bad_rows, engine, chunk_rows)
+    chunk_rows = data.chunk_rows(chunk_rows)
     if engine == "gpu" and "gpu" not in data.engines:
         raise UserError(f"--engine gpu reads only the raw Criteo TSV (--dataset criteo); use --engine cpu "
                         f"for {data.description.source}")
@@ -147,7 +149,7 @@ def _check_args(train, valid, valid_fraction, on_bad_rows, engine, chunk_rows) -
     if on_bad_rows not in ("error", "skip"):
         raise UserError(f"--on-bad-rows must be 'error' or 'skip', got {on_bad_rows!r}")
     check_engine(engine)
-    if chunk_rows < 1:
+    if chunk_rows is not None and chunk_rows < 1:
         raise UserError(f"--chunk-rows must be positive, got {chunk_rows}")
 
 

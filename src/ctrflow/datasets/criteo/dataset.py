@@ -26,6 +26,12 @@ class CriteoDataset:
     def __init__(self, freq_threshold: int | None = None):
         self.description = criteo_description(DEFAULT_THRESHOLD if freq_threshold is None else freq_threshold)
 
+    def chunk_rows(self, requested: int | None) -> int:
+        """Rows per block: `requested`, else 131,072."""
+        from ctrflow.preprocess.run import DEFAULT_CHUNK_ROWS
+
+        return requested or DEFAULT_CHUNK_ROWS
+
     def check_inputs(self, paths: list[Path]) -> None:
         """Nothing to check before reading: the layout is fixed (a bad row is found where it is)."""
 

@@ -24,6 +24,11 @@ from ctrflow.preprocess.files import bytes_per_block, is_gzip
 from ctrflow.preprocess.string_counts import StringMergeStage
 
 _HEADER_BYTES = 1 << 20
+# Without --chunk-rows: blocks of about this much text (Criteo's 131,072 rows are ~31 MB), and Parquet
+# pieces of at least this many rows. Larger blocks hold each distinct value once for more rows: 32 MB
+# blocks cost 15 % less CPU than 131,072-row ones (6 MB) on a MovieLens-like table.
+BLOCK_BYTES = 32 << 20
+PIECE_ROWS = 1 << 19
 
 
 class TableDataset:
@@ -40,6 +45,11 @@ class TableDataset:
     def checksums_pieces(self) -> bool:
         """Text files: the fit workers checksum the pieces of plain files (the input digests)."""
         return self.description.format != "parquet"
+
+    def chunk_rows(self, requested: int | None) -> int | None:
+        """Rows per block: `requested`, else None (blocks of `BLOCK_BYTES` of text, `PIECE_ROWS` rows of
+        Parquet)."""
+        return requested
 
     def check_inputs(self, paths: list[Path]) -> None:
         """Every file names the described columns (header or Parquet schema): checked before any row."""
@@ -85,7 +95,7 @@ class TableDataset:
         pieces of row groups. Gzip text files are decompressed into `work_dir/inputs/` first."""
         for index, (path, _) in files:
             if self.description.format == "parquet":
-                yield from plan_pieces(path, index, chunk_rows)
+                yield from plan_pieces(path, index, chunk_rows or PIECE_ROWS)
             else:
                 yield from self._text_blocks(Path(path), index, chunk_rows, work_dir)
 
@@ -105,11 +115,17 @@ class TableDataset:
                 header_end = read_header(head, dialect, scan_quotes(head, dialect, header_end))[1]
             size = len(data)
             for k, (begin, end, quoted, clean) in enumerate(iter_blocks(data, header_end,
-                                                                        bytes_per_block(source, chunk_rows), dialect)):
+                                                                        self._block_bytes(source, chunk_rows), dialect)):
                 yield TextBlock(index, k, str(source), 0 if k == 0 else begin, end, tuple(columns),
                                 header_end if k == 0 else 0, quoted, clean, checksum)
             if size <= header_end and checksum and size:  # a header and no row: its pieces make the digest
                 yield TextBlock(index, 0, str(source), 0, size, tuple(columns), size, False, True, True)
+
+    @staticmethod
+    def _block_bytes(source: Path, chunk_rows: int | None) -> int:
+        if chunk_rows:
+            return bytes_per_block(source, chunk_rows)
+        return BLOCK_BYTES
 
     def merge_stage(self, runs: list[str], thresholds: list[int], range_entries: int) -> StringMergeStage:
         """The vocabulary merge of one column per task."""
