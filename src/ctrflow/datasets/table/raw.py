@@ -81,11 +81,11 @@ def _text_rows(path: Path, source: Path, description: Description, block_bytes: 
                             f"({description.role(missing[0])} in {description.source})")
     else:
         header_end = skip
-        columns, with_label = _layout(path, mapped, description, skip, scan)
+        columns, with_label = _layout(path, head, description, skip, scan)
     base = 0
     for k, (begin, end, quoted, clean) in enumerate(iter_blocks(mapped, header_end, block_bytes, dialect)):
-        start, head = (0, header_end) if k == 0 else (begin, 0)
-        parsed = parse_text_block(memoryview(mapped)[start:end], description, columns, head, quoted, clean,
+        start, header = (0, header_end) if k == 0 else (begin, 0)
+        parsed = parse_text_block(memoryview(mapped)[start:end], description, columns, header, quoted, clean,
                                   text=True, with_label=with_label)
         if parsed.problems:
             line, reason, _ = parsed.problems[0]
@@ -95,9 +95,9 @@ def _text_rows(path: Path, source: Path, description: Description, block_bytes: 
             yield _raw(parsed.table, description, with_label)
 
 
-def _layout(path: Path, mapped, description: Description, skip: int, scan) -> tuple[list[str], bool]:
-    """A header-less file's columns: all of `columns`, or all but the label (one field fewer)."""
-    head = bytes(mapped[:1 << 20])
+def _layout(path: Path, head: bytes, description: Description, skip: int, scan) -> tuple[list[str], bool]:
+    """A header-less file's columns (`head`: its first bytes): all of `columns`, or all but the label (one
+    field fewer)."""
     first = head[skip:row_end_after(head, skip, dialect_of(description), scan)]
     rows = csv.reader(io.StringIO(first.decode("utf-8", "replace")), **dialect_of(description).csv_options())
     fields = len(next(rows, []))

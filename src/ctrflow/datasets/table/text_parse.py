@@ -86,7 +86,9 @@ def parse_text_block(data, description: Description, columns: list[str], header_
     the typed parse checks it), as predict hands them to `transform_raw`; `with_label`: the file has the
     label column."""
     dialect = dialect_of(description)
-    lines = count_lines(data, returns=False)  # \n alone; where a row has no \n of its own, `find_records` counts
+    # lines counted by \n alone (one pass); where that may be wrong (a lone \r, a quoted newline, a blank
+    # line) rows and lines disagree below, and `find_records` counts them exactly
+    lines = count_lines(data, returns=False)
     body = memoryview(data)[header_end:] if header_end else data
     header_lines = count_lines(memoryview(data)[:header_end]) if header_end else 0
     if text:
