@@ -34,7 +34,7 @@ from ctrflow.preprocess.interop import write_hugectr_metadata, write_merlin_sche
 from ctrflow.preprocess.output import FileHasher, PieceChecksums, check_out_dir, publish
 from ctrflow.preprocess.parallel import WorkerPool, reap
 from ctrflow.preprocess.vocab import write_vocab
-from ctrflow.schema import Schema
+from ctrflow.schema import DENSE_TRANSFORM, Schema
 
 DEFAULT_CHUNK_ROWS = 1 << 17  # Criteo rows per block and Parquet part: sets memory per worker (~2 KB per row in flight)
 # Parquet compression of the parts. "none" by default: 2.5x cheaper to write than snappy, and the
@@ -117,7 +117,9 @@ def write_metadata(tmp: Path, out: Path, files, digests: list[str], stats: dict,
     label_sum = stats.pop("label_sum")
     train_rows = stats["rows"]["train"]
     features = data.description.features(cardinalities)
+    same = all(f.transform == "log1p" for f in features.dense)  # the old key says one rule for every column
     schema = Schema(cardinalities=cardinalities, features=features,
+                    dense_transform=DENSE_TRANSFORM if same else "per feature: features.dense[].transform",
                     freq_threshold=data.description.default_threshold, rows=dict(stats["rows"]),
                     vocab_hash=stats.pop("vocab_hash"), dataset=data.description.to_dict(),
                     label_rate=round(label_sum / train_rows, 9) if train_rows else None,
