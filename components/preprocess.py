@@ -12,8 +12,10 @@ from components.image import TRAIN_IMAGE
 
 @dsl.component(base_image=TRAIN_IMAGE, install_kfp_package=False)
 def count_values(raw: Input[Dataset], file: dict, counts: Output[Artifact], seed: int = 0,
-                 on_bad_rows: str = "error"):
-    """The fit pass over one file of `raw` (`file` is an item of `raw_data`'s list) into `counts`."""
+                 on_bad_rows: str = "error", dataset: str = "criteo"):
+    """The fit pass over one file of `raw` (`file` is an item of `raw_data`'s list) into `counts`.
+    `dataset`: "criteo", or a dataset description file the task can read (the later steps take it
+    from the counts)."""
     import os
     from pathlib import Path
 
@@ -21,7 +23,8 @@ def count_values(raw: Input[Dataset], file: dict, counts: Output[Artifact], seed
 
     argv = ["preprocess", "count", "--input", str(Path(raw.path) / file["name"]),
             "--file-index", str(int(float(file["index"]))), "--split", file["split"], "--seed", str(seed),
-            "--on-bad-rows", on_bad_rows, "--workers", str(len(os.sched_getaffinity(0))), "--out", counts.path]
+            "--on-bad-rows", on_bad_rows, "--workers", str(len(os.sched_getaffinity(0))), "--out", counts.path,
+            "--dataset", dataset]
     if float(file["valid_fraction"]) > 0:
         argv += ["--valid-fraction", str(float(file["valid_fraction"]))]
     if main(argv) != 0:
@@ -30,11 +33,13 @@ def count_values(raw: Input[Dataset], file: dict, counts: Output[Artifact], seed
 
 @dsl.component(base_image=TRAIN_IMAGE, install_kfp_package=False)
 def merge_counts(counts: Input[List[Artifact]], vocab: Output[Artifact], freq_threshold: int = 6):
-    """Every file's counts -> the vocabularies and the part numbering, in `vocab`."""
+    """Every file's counts -> the vocabularies and the part numbering, in `vocab`. `freq_threshold` 0:
+    the dataset description's default threshold."""
     from ctrflow.cli import main
 
-    argv = ["preprocess", "merge", "--counts", *[c.path for c in counts], "--out", vocab.path,
-            "--freq-threshold", str(freq_threshold)]
+    argv = ["preprocess", "merge", "--counts", *[c.path for c in counts], "--out", vocab.path]
+    if freq_threshold > 0:
+        argv += ["--freq-threshold", str(freq_threshold)]
     if main(argv) != 0:
         raise RuntimeError(f"ctrflow {' '.join(argv)} failed")
 

@@ -287,3 +287,31 @@ def test_tracker_gets_params_rows_cardinalities_and_artifacts(tmp_path):
     assert tracker.params["freq_threshold"] == 2 and tracker.metrics["rows_train"] == 3
     assert tracker.metrics["cardinality_C1"] == 3 and "fit_seconds" in tracker.metrics
     assert sorted(tracker.artifacts) == ["schema.json", "stats.json"]
+
+
+def test_schema_carries_the_criteo_description_features_and_label_rate(tmp_path):
+    lines = random_rows(400, seed=8)
+    out = tmp_path / "out"
+    preprocess([write(tmp_path / "in.tsv", lines)], out=out, freq_threshold=2, workers=2, valid_fraction=0.25,
+               chunk_rows=90)
+    schema = Schema.load(out)
+    assert schema.dataset["name"] == "criteo" and schema.dataset["dense"] == list(DENSE)
+    assert schema.dataset["freq_threshold"]["default"] == 2 and schema.dataset["dense_type"] == "integer"
+    assert [f.name for f in schema.features.sparse] == list(SPARSE)
+    assert [f.cardinality for f in schema.features.sparse] == [schema.cardinalities[c] for c in SPARSE]
+    train_labels = table(out).column("label").to_numpy()
+    assert schema.label_rate == pytest.approx(train_labels.mean(), abs=1e-9)
+
+
+def test_the_unlabelled_test_layout_as_training_input_is_named(tmp_path, capsys):
+    from ctrflow.cli import main
+
+    test_layout = write(tmp_path / "test.tsv", [line.split("\t", 1)[1] for line in random_rows(30, seed=2)])
+    for extra in ([], ["--on-bad-rows", "skip"]):
+        code = main(["preprocess", "--train", test_layout, "--out", str(tmp_path / "out"), "--tracking-uri", "none",
+                     *extra])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1, err
+        assert "line 1: expected 40 tab-separated fields, found 39" in err and "unlabelled test layout" in err
+        assert not (tmp_path / "out").exists() and not list(tmp_path.glob("out.tmp-*"))
+    assert "every input row was rejected (30 read, 0 written" in err  # skip mode: nothing silently empty

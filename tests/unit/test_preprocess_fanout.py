@@ -47,6 +47,7 @@ def _assert_same_dataset(out, reference):
             pq.read_table(reference / "vocab" / f"{name}.parquet"))
     mine, theirs = Schema.load(out), Schema.load(reference)
     assert (mine.vocab_hash, mine.cardinalities, mine.rows) == (theirs.vocab_hash, theirs.cardinalities, theirs.rows)
+    assert (mine.features, mine.dataset, mine.label_rate) == (theirs.features, theirs.dataset, theirs.label_rate)
     assert [f["digest"] for f in mine.files] == [f["digest"] for f in theirs.files]
     stats, ref_stats = (json.loads((d / "stats.json").read_text()) for d in (out, reference))
     assert stats["columns"] == ref_stats["columns"] and stats["rows_read"] == ref_stats["rows_read"]
