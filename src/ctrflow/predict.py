@@ -1,27 +1,27 @@
-"""Batch scoring: a checkpoint and the saved vocabularies turn raw Criteo rows into probabilities.
+"""Batch scoring: a checkpoint and the saved vocabularies turn raw rows into probabilities.
 
-The same two pieces serve online: `transform_raw` is what the Triton preprocessing model runs,
-and `ctrflow.serve.ranking.ProbabilityModel` is what the exported ranking model computes, so
-offline and online scores agree (no training/serving skew).
+Raw files are read in the format of the dataset's description (`ctrflow.serve.raw_files`: csv,
+tsv or parquet, as `schema.json` records it) into the text columns a client of the served
+ensemble sends. The same two pieces then serve online: `transform_raw` is what the Triton
+preprocessing model runs, and `ctrflow.serve.ranking.ProbabilityModel` is what the exported
+ranking model computes, so offline and online scores agree (no training/serving skew).
 """
 
 from __future__ import annotations
 
-import gzip
 import os
+import re
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import torch
 from torch import nn
 
 from ctrflow.schema import Schema
-from ctrflow.datasets.criteo.columns import DENSE, RAW_COLUMNS, SPARSE
 from ctrflow.errors import UserError
 from ctrflow.evaluate.metrics import auc
 from ctrflow.serve.ranking import ProbabilityModel
@@ -71,38 +71,39 @@ def score(model: nn.Module, dense: np.ndarray, sparse: np.ndarray, batch_size: i
     return out
 
 
-def detect_layout(path: Path) -> bool:
-    """True for the 40-column training layout (label first), False for Kaggle's 39-column test layout."""
-    from ctrflow.preprocess.files import is_gzip
+def transform_file(path: Path, schema, vocab) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+    """(dense, sparse, labels or None) per block of a raw file, through the serving transform; a
+    bad value raises `UserError` naming the file, the line and the field."""
+    from ctrflow.serve.preprocess import transform_columns
+    from ctrflow.serve.raw_files import raw_format, read_raw_file
 
-    try:
-        with (gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")) as f:
-            first = f.readline()
-    except (OSError, EOFError) as err:
-        raise UserError(f"{path}: line 1: cannot read ({err})") from None
-    if not first:
-        return True
-    fields = first.rstrip(b"\r\n").count(b"\t") + 1
-    if fields not in (len(RAW_COLUMNS), len(RAW_COLUMNS) - 1):
-        raise UserError(f"{path}: line 1: expected {len(RAW_COLUMNS)} (training layout) or "
-                        f"{len(RAW_COLUMNS) - 1} (Kaggle test layout) tab-separated fields, found {fields}")
-    return fields == len(RAW_COLUMNS)
-
-
-def transform_file(path: Path, vocab) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
-    """(dense, sparse, labels or None) per block of a raw file, through the serving transform."""
-    from ctrflow.datasets.criteo.raw import read_raw
-    from ctrflow.preprocess.transform import transform_raw
-
-    with_label = detect_layout(path)
-    for block in read_raw(path, with_label=with_label):
-        columns = {name: pc.cast(values, pa.string()) for name, values in zip(DENSE, block.dense)}
-        columns.update(zip(SPARSE, block.sparse))
+    for block in read_raw_file(path, raw_format(schema)):
         try:
-            dense, sparse = transform_raw(columns, vocab)
+            dense, sparse = transform_columns(block.columns, schema, vocab)
+        except UserError:
+            line, reason = first_bad_row(block, schema, vocab)
+            raise UserError(f"{path}: line {line}: {reason}") from None
+        yield dense, sparse, block.labels
+
+
+def first_bad_row(block, schema, vocab) -> tuple[int, str]:
+    """(file line, error) of the first row of `block` the transform refuses: bisected, since the
+    transform names a field but counts rows from the start of what it was given."""
+    from ctrflow.serve.preprocess import transform_columns
+
+    def error(lo: int, hi: int) -> str | None:
+        try:
+            transform_columns({k: v[lo:hi] for k, v in block.columns.items()}, schema, vocab)
         except UserError as err:
-            raise UserError(f"{path}: {err}") from None
-        yield dense, sparse, (block.label.astype(np.float32) if with_label else None)
+            return str(err)
+        return None
+
+    lo, hi = 0, block.rows  # the first bad row lies in [lo, hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if error(lo, mid) is not None else (mid, hi)
+    reason = error(lo, lo + 1) or "cannot transform this row"
+    return block.first_line + lo, re.sub(r",?\s*\brow 0\b", "", reason, count=1)  # its row 0 is this line
 
 
 def write_table(table: pa.Table, out: Path) -> None:
@@ -117,22 +118,23 @@ def write_table(table: pa.Table, out: Path) -> None:
 
 def predict(checkpoint: str | os.PathLike, data: str | os.PathLike, inputs: Sequence[str | os.PathLike],
             out: str | os.PathLike, batch_size: int = SCORE_BATCH) -> dict:
-    """Score raw Criteo files (plain or gzip, either layout, in the order given) into `out`.
+    """Score raw files of the dataset `data` was preprocessed from (its description's format;
+    plain or gzip text, with or without the label column, in the order given) into `out`.
 
     `out` (.csv or .parquet) has a `probability` column in input row order, and `label` when
-    the inputs carry labels (null for rows of a file in the test layout).
+    the inputs carry labels (null for rows of a file without one, or with an empty label).
     """
     from ctrflow.preprocess.files import expand_inputs
-    from ctrflow.serve.preprocess import load_vocabularies
+    from ctrflow.serve.preprocess import load_preprocessing
 
     out = Path(out)
     if out.suffix not in (".csv", ".parquet"):
         raise UserError(f"--out {out}: must end in .csv or .parquet")
     model, _, _ = load_for_data(checkpoint, data)
-    vocab = load_vocabularies(data)  # checked against schema.json's hash, as the server does
+    schema, vocab = load_preprocessing(data)  # checked against schema.json's hash, as the server does
     scores, labels = [], []
     for path in expand_inputs(inputs):
-        for dense, sparse, label in transform_file(path, vocab):
+        for dense, sparse, label in transform_file(path, schema, vocab):
             scores.append(score(model, dense, sparse, batch_size))
             labels.append(label if label is not None else np.full(len(dense), np.nan, np.float32))
     probability = np.concatenate(scores) if scores else np.zeros(0, np.float32)

@@ -120,10 +120,23 @@ def load_python_model(monkeypatch, model_py: Path, instance_kind: str = "CPU"):
     return model
 
 
-def raw_requests(path: Path, rows: slice) -> dict[str, np.ndarray]:
-    """Lines of a 40-column raw file as Triton BYTES inputs: {field: object array [B, 1]}."""
-    from ctrflow.datasets.criteo.columns import DENSE, SPARSE
+def raw_requests(path: Path, data: Path, rows: slice) -> dict[str, np.ndarray]:
+    """Rows of a raw file of the dataset `data` was preprocessed from, as Triton BYTES inputs:
+    {raw column: object array [B, 1]} (read as a client reads its files)."""
+    from ctrflow.schema import Schema
+    from ctrflow.serve.raw_files import raw_format, read_raw_file
 
-    lines = path.read_bytes().split(b"\n")[rows]
-    fields = [line.split(b"\t")[1:] for line in lines]
-    return {name: np.array([[f[i]] for f in fields], dtype=object) for i, name in enumerate((*DENSE, *SPARSE))}
+    blocks = list(read_raw_file(path, raw_format(Schema.load(data))))
+    return {name: np.array([[v.encode()] for v in np.concatenate([b.columns[name].to_numpy(zero_copy_only=False)
+                                                                  for b in blocks])[rows]], dtype=object)
+            for name in blocks[0].columns}
+
+
+def standin_transform(monkeypatch) -> None:
+    """STAND-IN until the generic preprocessor lands: `transform_raw(columns, schema, vocab)` over
+    today's Criteo-only `transform_raw(columns, vocab)`."""
+    import ctrflow.preprocess.transform as transform
+
+    criteo_only = transform.transform_raw
+    if "schema" not in criteo_only.__code__.co_varnames[:criteo_only.__code__.co_argcount]:
+        monkeypatch.setattr(transform, "transform_raw", lambda columns, schema, vocab: criteo_only(columns, vocab))

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from serving_fixtures import checkpoint, load_python_model, processed_data, raw_requests
+from serving_fixtures import checkpoint, load_python_model, processed_data, raw_requests, standin_transform
 from tritonclient.grpc import model_config_pb2 as pb
 
 from ctrflow.errors import UserError
@@ -18,6 +18,13 @@ from ctrflow.predict import predict
 
 ROWS = slice(0, 50)  # first 50 lines of the validation day
 BACKENDS = ("onnxruntime", "pytorch", "python")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _standin():
+    with pytest.MonkeyPatch.context() as patch:
+        standin_transform(patch)
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +125,7 @@ def _chain(monkeypatch, repo, requests):
 def test_ensemble_chain_on_raw_rows_equals_predict(exported, monkeypatch, backend):
     from serving_fixtures import FakeRequest
 
-    fields = raw_requests(exported["raw"] / "day_1.tsv", ROWS)
+    fields = raw_requests(exported["raw"] / "day_1.tsv", exported["data"], ROWS)
     halves = [FakeRequest({k: v[:20] for k, v in fields.items()}), FakeRequest({k: v[20:] for k, v in fields.items()})]
     outputs = _chain(monkeypatch, exported["root"] / f"repo-{backend}", halves)
     got = np.concatenate(outputs)
@@ -132,7 +139,7 @@ def test_malformed_field_gets_error_response_naming_it(exported, monkeypatch):
 
     repo = exported["root"] / "repo-python"
     pre = load_python_model(monkeypatch, repo / "ctr_preprocess" / "1" / "model.py")
-    fields = raw_requests(exported["raw"] / "day_1.tsv", slice(0, 3))
+    fields = raw_requests(exported["raw"] / "day_1.tsv", exported["data"], slice(0, 3))
     bad = dict(fields, I5=np.array([[b"12"], [b"x7"], [b""]], dtype=object))
     missing = {k: v for k, v in fields.items() if k != "C9"}
     responses = pre.execute([FakeRequest(bad), FakeRequest(missing), FakeRequest(fields)])

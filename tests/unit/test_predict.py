@@ -8,13 +8,20 @@ import numpy as np
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
-from serving_fixtures import checkpoint, processed_data
+from serving_fixtures import checkpoint, processed_data, standin_transform
 
 from ctrflow.cli import main
 from ctrflow.loaders.memory import ParquetDataset
 from ctrflow.errors import UserError
 from ctrflow.predict import predict, score
 from ctrflow.checkpoint import load_model
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _standin():
+    with pytest.MonkeyPatch.context() as patch:
+        standin_transform(patch)
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +64,7 @@ def test_predict_bad_row_names_file_and_line(artifacts, tmp_path):
     lines[3] = b"\t".join(fields)
     bad = tmp_path / "bad.tsv"
     bad.write_bytes(b"\n".join(lines) + b"\n")
-    with pytest.raises(UserError, match=r"bad.tsv: line 4: I4"):
+    with pytest.raises(UserError, match=r"bad.tsv: line 4: .*I4"):
         predict(artifacts["checkpoint"], artifacts["data"], [bad], tmp_path / "s.csv")
     short = tmp_path / "short.tsv"
     short.write_bytes(b"1\t2\t3\n")
