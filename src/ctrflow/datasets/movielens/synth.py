@@ -59,13 +59,12 @@ class World:
         self.item_ids = rng.permutation(ITEMS[0]) + 1  # rank -> movieId
         n = ITEMS[0]
         counts = rng.choice(len(GENRE_COUNTS), size=n, p=GENRE_COUNTS)
-        self.genres = np.full((n, MAX_GENRES), -1, dtype=np.int64)  # genre indices, -1 = padding
-        weights = GENRE_WEIGHTS / GENRE_WEIGHTS.sum()
-        for item in range(n):
-            chosen = rng.choice(len(GENRE_NAMES), size=counts[item], replace=False, p=weights)
-            self.genres[item, :counts[item]] = chosen
-        self.genre_text = np.array([SEPARATOR.join(GENRE_NAMES[g] for g in row if g >= 0) or None
-                                    for row in self.genres], dtype=object)
+        # weighted draws without replacement, all movies at once: the largest log(weight) + Gumbel noise
+        keys = np.log(GENRE_WEIGHTS) + rng.gumbel(size=(n, len(GENRE_NAMES)))
+        order = np.argsort(-keys, axis=1, kind="stable")[:, :MAX_GENRES]
+        self.genres = np.where(np.arange(MAX_GENRES) < counts[:, None], order, -1)  # genre indices, -1 = padding
+        self.genre_text = pa.array([SEPARATOR.join(GENRE_NAMES[g] for g in row if g >= 0) or None
+                                    for row in self.genres.tolist()], pa.string())
         self.age = np.minimum(np.floor(rng.exponential(12.0, n)), 80).astype(np.int64)
         base = 2.99 + 12.0 * np.exp(-self.age / 8.0) + rng.normal(0.0, 1.5, n)
         self.price = np.round(np.clip(np.floor(base) + 0.99, 0.99, 24.99), 2)
@@ -108,7 +107,7 @@ def chunk_table(rng: np.random.Generator, rows: dict[str, np.ndarray], labels: n
     # timestamps rise through the day: row i of `total` sits at i/total of it, plus jitter
     seconds = ((np.arange(start, start + n) + rng.random(n)) * (86_400 / total)).astype(np.int64)
     arrays = [pa.array(world.user_ids[rows["users"]]), pa.array(world.item_ids[rows["items"]]),
-              pa.array(world.genre_text[rows["items"]], pa.string()), pa.array(rows["age"]),
+              world.genre_text.take(pa.array(rows["items"])), pa.array(rows["age"]),
               pa.array(rows["price"], mask=rows["price_missing"]), pa.array(START + day * 86_400 + seconds),
               pa.array(labels.astype(np.int8))]
     return pa.Table.from_arrays(arrays, names=list(COLUMNS))
