@@ -40,7 +40,7 @@ def decode_fields(arrays: Mapping[str, np.ndarray | None], names: Sequence[str])
     return columns
 
 
-def transform_columns(columns: Mapping[str, Sequence[str] | object], schema, vocab) -> tuple[np.ndarray, np.ndarray]:
+def transform_columns(columns: Mapping[str, Sequence[str]], schema, vocab) -> tuple[np.ndarray, np.ndarray]:
     """Raw text per column -> (dense [N, num_dense] float32, sparse [N, slots] int64), as
     preprocessing computed them (`ctrflow.preprocess.transform.transform_raw`)."""
     from ctrflow.preprocess.transform import transform_raw

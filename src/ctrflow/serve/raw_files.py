@@ -2,13 +2,13 @@
 
 A client of the Triton ensemble sends, per raw column a model reads, the text its files hold (a
 number, a category, a multi-hot list joined by the column's separator; "" = missing).
-`ctrflow predict` and the registry's pyfunc read files here into exactly those columns, then run
-the serving transform on them, so offline and online scores cannot differ.
+`ctrflow predict` reads files here into exactly those columns, then runs the serving transform on
+them, so offline and online scores cannot differ.
 
 The layout comes from `schema.json`'s `dataset` (the description preprocess was given): `format`
 csv | tsv | parquet, `header`, `delimiter`, `quote` (csv '"', tsv none by default), `columns`
-(headerless files), `label`, and each multi-hot column's `separator`. A schema without a format (the built-in Criteo description, or
-one written before descriptions existed) means the raw Criteo layout: tab-separated, no header,
+(headerless files), `label`, and each multi-hot column's `separator`. A schema without a format
+(one written before descriptions existed) means the raw Criteo layout: tab-separated, no header,
 the label then the features in order. Headerless files may leave the label out (Kaggle's test
 layout); files with a header may too. Plain or gzip.
 """

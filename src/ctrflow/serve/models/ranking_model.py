@@ -47,9 +47,9 @@ class TritonPythonModel:
             except UserError as err:
                 errors[i] = pb_utils.TritonError(str(err))
         outputs = {}
-        if valid:
-            scores = probabilities(self.model, *(None if valid[0][k] is None else np.concatenate([v[k] for v in valid])
-                                                 for k in (1, 2)), self.device)
+        if valid:  # one forward pass for every valid request of the batch
+            joined = [None if valid[0][k] is None else np.concatenate([v[k] for v in valid]) for k in (1, 2)]
+            scores = probabilities(self.model, *joined, self.device)
             start = 0
             for i, dense, sparse in valid:
                 rows = len(dense if dense is not None else sparse)
