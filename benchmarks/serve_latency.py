@@ -56,12 +56,13 @@ def build_repository(workdir: Path, rows: int, dataset: str) -> tuple[Path, Path
 
 def read_rows(repo: Path, name: str, path: Path, count: int) -> dict[str, list[str]]:
     """The first `count` rows of a raw file, as the text of each raw column the ensemble takes."""
+    from ctrflow.datasets.table.raw import read_raw_rows
+    from ctrflow.preprocess.transform import description_of
     from ctrflow.schema import Schema
-    from ctrflow.serve.raw_files import raw_format, read_raw_file
 
     schema = Schema.load(repo / f"{name}_preprocess" / "1")  # the contract the repository was exported with
     rows: dict[str, list[str]] = {}
-    for block in read_raw_file(path, raw_format(schema)):
+    for block in read_raw_rows(path, description_of(schema)):
         for column, values in block.columns.items():
             rows.setdefault(column, []).extend(values.to_pylist())
         if len(next(iter(rows.values()))) >= count:

@@ -1,16 +1,15 @@
 """Batch scoring: a checkpoint and the saved vocabularies turn raw rows into probabilities.
 
-Raw files are read in the format of the dataset's description (`ctrflow.serve.raw_files`: csv,
-tsv or parquet, as `schema.json` records it) into the text columns a client of the served
-ensemble sends. The same two pieces then serve online: `transform_raw` is what the Triton
-preprocessing model runs, and `ctrflow.serve.ranking.ProbabilityModel` is what the exported
-ranking model computes, so offline and online scores agree (no training/serving skew).
+Raw files are read in the format of the dataset's description (csv, tsv or parquet, as
+`schema.json` records it) into the text columns a client of the served ensemble sends. The same
+two pieces then serve online: `transform_raw` is what the Triton preprocessing model runs, and
+`ctrflow.serve.ranking.ProbabilityModel` is what the exported ranking model computes, so offline
+and online scores agree (no training/serving skew).
 """
 
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -72,38 +71,21 @@ def score(model: nn.Module, dense: np.ndarray, sparse: np.ndarray, batch_size: i
 
 
 def transform_file(path: Path, schema, vocab) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
-    """(dense, sparse, labels or None) per block of a raw file, through the serving transform; a
-    bad value raises `UserError` naming the file, the line and the field."""
-    from ctrflow.serve.preprocess import transform_columns
-    from ctrflow.serve.raw_files import raw_format, read_raw_file
+    """(dense, sparse, labels or None) per block of a raw file, through the serving transform.
 
-    for block in read_raw_file(path, raw_format(schema)):
+    The file is read by the description's own reader (`ctrflow.datasets.table.raw`), which checks
+    every value as preprocessing does and names the file, line and column of a bad one.
+    """
+    from ctrflow.datasets.table.raw import read_raw_rows
+    from ctrflow.preprocess.transform import description_of
+    from ctrflow.serve.preprocess import transform_columns
+
+    for block in read_raw_rows(path, description_of(schema)):
         try:
             dense, sparse = transform_columns(block.columns, schema, vocab)
-        except UserError:
-            line, reason = first_bad_row(block, schema, vocab)
-            raise UserError(f"{path}: line {line}: {reason}") from None
-        yield dense, sparse, block.labels
-
-
-def first_bad_row(block, schema, vocab) -> tuple[int, str]:
-    """(file line, error) of the first row of `block` the transform refuses: bisected, since the
-    transform names a field but counts rows from the start of what it was given."""
-    from ctrflow.serve.preprocess import transform_columns
-
-    def error(lo: int, hi: int) -> str | None:
-        try:
-            transform_columns({k: v[lo:hi] for k, v in block.columns.items()}, schema, vocab)
         except UserError as err:
-            return str(err)
-        return None
-
-    lo, hi = 0, block.rows  # the first bad row lies in [lo, hi)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if error(lo, mid) is not None else (mid, hi)
-    reason = error(lo, lo + 1) or "cannot transform this row"
-    return block.first_line + lo, re.sub(r",?\s*\brow 0\b", "", reason, count=1)  # its row 0 is this line
+            raise UserError(f"{path}: {err}") from None
+        yield dense, sparse, block.labels
 
 
 def write_table(table: pa.Table, out: Path) -> None:

@@ -55,15 +55,16 @@ class RawRowsModel(mlflow.pyfunc.PythonModel):
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         """probability [N] of the N rows of `model_input`; a missing column raises naming it."""
+        from ctrflow.preprocess.transform import description_of
         from ctrflow.serve.preprocess import transform_columns
         from ctrflow.serve.ranking import probabilities
-        from ctrflow.serve.raw_files import raw_format
 
-        fields, separators = raw_inputs(self.schema), raw_format(self.schema).separators
+        fields, multi_hot = raw_inputs(self.schema), description_of(self.schema).multi_hot
         missing = [name for name in fields if name not in model_input.columns]
         if missing:
             raise UserError(f"field {missing[0]}: missing from the input ({len(missing)} field(s) missing)")
-        columns = {name: raw_strings(model_input[name], separators.get(name, "|")) for name in fields}
+        columns = {name: raw_strings(model_input[name], multi_hot[name].separator if name in multi_hot else "|")
+                   for name in fields}
         dense, sparse = transform_columns(columns, self.schema, self.vocab)
         return pd.DataFrame({"probability": probabilities(self.model, dense, sparse)[:, 0]})
 

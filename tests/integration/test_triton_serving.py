@@ -23,9 +23,10 @@ import pandas as pd
 import pytest
 
 from ctrflow.cli import main
+from ctrflow.datasets.table.raw import read_raw_rows
+from ctrflow.preprocess.transform import description_of
 from ctrflow.schema import Schema
 from ctrflow.serve import raw_inputs
-from ctrflow.serve.raw_files import raw_format, read_raw_file
 from ctrflow.serve.tritonserver import TritonServer, find_serving_venv
 
 pytestmark = pytest.mark.integration
@@ -87,7 +88,7 @@ def server(exported, serving_venv):
 
 def raw_rows(exported: dict, count: int) -> dict[str, list[str]]:
     """The first `count` rows of the validation day as a client reads them: text per raw column."""
-    blocks = read_raw_file(exported["raw"], raw_format(exported["schema"]))
+    blocks = read_raw_rows(exported["raw"], description_of(exported["schema"]))
     rows = {name: [] for name in exported["fields"]}
     for block in blocks:
         for name in rows:
@@ -100,7 +101,7 @@ def raw_rows(exported: dict, count: int) -> dict[str, list[str]]:
 def first_lines(exported: dict, count: int, out: Path) -> Path:
     """A raw file of the first `count` rows of the validation day (and its header, if it has one)."""
     lines = exported["raw"].read_text().splitlines(keepends=True)
-    header = 1 if raw_format(exported["schema"]).header else 0
+    header = 1 if description_of(exported["schema"]).header else 0
     out.write_text("".join(lines[:count + header]))
     return out
 

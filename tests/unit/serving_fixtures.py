@@ -148,10 +148,11 @@ def load_python_model(monkeypatch, model_py: Path, instance_kind: str = "CPU"):
 def raw_requests(path: Path, data: Path, rows: slice) -> dict[str, np.ndarray]:
     """Rows of a raw file of the dataset `data` was preprocessed from, as Triton BYTES inputs:
     {raw column: object array [B, 1]} (read as a client reads its files)."""
+    from ctrflow.datasets.table.raw import read_raw_rows
+    from ctrflow.preprocess.transform import description_of
     from ctrflow.schema import Schema
-    from ctrflow.serve.raw_files import raw_format, read_raw_file
 
-    blocks = list(read_raw_file(path, raw_format(Schema.load(data))))
+    blocks = list(read_raw_rows(path, description_of(Schema.load(data))))
     return {name: np.array([[v.encode()] for v in np.concatenate([b.columns[name].to_numpy(zero_copy_only=False)
                                                                   for b in blocks])[rows]], dtype=object)
             for name in blocks[0].columns}

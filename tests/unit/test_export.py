@@ -226,6 +226,22 @@ def test_serve_refuses_backends_the_bundled_tritonserver_lacks(exported, capsys)
 
 # --- a dataset of its own: the movielens-like table (multi-hot genres), and one without dense columns ---
 
+def test_inputs_are_the_feature_columns_and_zero_width_tensors_are_left_out():
+    from ctrflow.features import Feature, Features
+    from ctrflow.serve import model_inputs, raw_inputs
+
+    def features(dense=("price",), categorical=("userId",), multi_hot=("genres",)) -> Features:
+        return Features(dense=tuple(Feature(n, "dense", transform="log1p") for n in dense),
+                        sparse=tuple([Feature(n, "categorical", cardinality=10) for n in categorical]
+                                     + [Feature(n, "multi_hot", cardinality=10, max_length=3, pooling="sum")
+                                        for n in multi_hot]))
+
+    assert raw_inputs(features()) == ("price", "userId", "genres")
+    assert model_inputs(features()) == ("dense", "sparse")
+    assert model_inputs(features(dense=())) == ("sparse",)
+    assert model_inputs(features(categorical=(), multi_hot=())) == ("dense",)
+
+
 @pytest.fixture(scope="module", params=["movielens", "movielens-no-dense"])
 def movies(request, tmp_path_factory):
     """Repositories of every backend for a DeepFM on movielens-like data, and `ctrflow predict` on

@@ -4,8 +4,7 @@
 only translate between Triton tensors and `serve.preprocess` / `serve.ranking`, so the logic is
 here, where validation and the unit tests exercise it. `serve.preprocess` needs numpy, pyarrow and
 the vocabularies only (no torch, no tritonclient), so the preprocessing model stays light.
-`serve.raw_files` reads raw files as the text a client sends; `serve.tritonserver` starts a real
-`tritonserver` on a repository (`ctrflow serve`, the tests).
+`serve.tritonserver` starts a real `tritonserver` on a repository (`ctrflow serve`, the tests).
 
 The ensemble's inputs are the raw columns the dataset description names as features, one BYTES
 tensor each, in the feature contract's order (dense, then sparse): `raw_inputs(schema)`.
