@@ -157,12 +157,3 @@ def raw_requests(path: Path, data: Path, rows: slice) -> dict[str, np.ndarray]:
                                                                   for b in blocks])[rows]], dtype=object)
             for name in blocks[0].columns}
 
-
-def standin_transform(monkeypatch) -> None:
-    """STAND-IN until the generic preprocessor lands: `transform_raw(columns, schema, vocab)` over
-    today's Criteo-only `transform_raw(columns, vocab)`."""
-    import ctrflow.preprocess.transform as transform
-
-    criteo_only = transform.transform_raw
-    if "schema" not in criteo_only.__code__.co_varnames[:criteo_only.__code__.co_argcount]:
-        monkeypatch.setattr(transform, "transform_raw", lambda columns, schema, vocab: criteo_only(columns, vocab))

@@ -7,8 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from serving_fixtures import (checkpoint, load_python_model, movielens_data, processed_data, raw_requests,
-                              standin_transform)
+from serving_fixtures import checkpoint, load_python_model, movielens_data, processed_data, raw_requests
 from tritonclient.grpc import model_config_pb2 as pb
 
 from ctrflow.errors import UserError
@@ -19,13 +18,6 @@ from ctrflow.predict import predict
 
 ROWS = slice(0, 50)  # first 50 lines of the validation day
 BACKENDS = ("onnxruntime", "pytorch", "python")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _standin():
-    with pytest.MonkeyPatch.context() as patch:
-        standin_transform(patch)
-        yield
 
 
 @pytest.fixture(scope="module")

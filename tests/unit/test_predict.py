@@ -8,20 +8,13 @@ import numpy as np
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
-from serving_fixtures import checkpoint, processed_data, standin_transform
+from serving_fixtures import checkpoint, processed_data
 
 from ctrflow.cli import main
 from ctrflow.loaders.memory import ParquetDataset
 from ctrflow.errors import UserError
 from ctrflow.predict import predict, score
 from ctrflow.checkpoint import load_model
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _standin():
-    with pytest.MonkeyPatch.context() as patch:
-        standin_transform(patch)
-        yield
 
 
 @pytest.fixture(scope="module")
