@@ -60,37 +60,15 @@ def _check_files(repo: Path, name: str, configs: dict) -> None:
         raise UserError(f"repository incomplete: missing {', '.join(missing)}")
 
 
-def table_inputs(table, features) -> tuple[np.ndarray, np.ndarray]:
-    """Processed Parquet rows -> (dense [n, num_dense] float32, sparse [n, slots] int64): a dense
-    feature's float32 column, a categorical feature's id column, a multi-hot feature's
-    fixed-size list column of `max_length` ids, in the feature contract's order."""
-    n = table.num_rows
-    dense = np.zeros((n, features.num_dense), np.float32)
-    for j, feature in enumerate(features.dense):
-        dense[:, j] = table.column(feature.name).to_numpy()
-    sparse = np.zeros((n, features.slots), np.int64)
-    for feature, (start, stop) in zip(features.sparse, features.slot_spans()):
-        column = table.column(feature.name).combine_chunks()
-        if feature.kind == "multi_hot":
-            column = column.flatten()  # fixed_size_list<int32>[max_length]: n * max_length ids
-        sparse[:, start:stop] = column.to_numpy().reshape(n, stop - start)
-    return dense, sparse
-
-
-def held_out_rows(data: str | os.PathLike, features, rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """The first `rows` rows of the validation split, topped up from the training split."""
-    import pyarrow.parquet as pq
+def held_out_rows(data: str | os.PathLike, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first `rows` rows of the validation split, topped up from the training split, as the
+    feature contract of `data/schema.json` lays them out (dense [n, num_dense], sparse [n, slots])."""
+    from ctrflow.evaluate.split import iter_split
 
     data = Path(data)
     parts = sorted((data / "valid").glob("part-*.parquet")) + sorted((data / "train").glob("part-*.parquet"))
-    names = features.names()
     dense, sparse, have = [], [], 0
-    for part in parts:
-        try:
-            table = pq.read_table(part, columns=names)
-        except Exception as err:  # pyarrow raises several types for unreadable or foreign files
-            raise UserError(f"{part}: cannot read the model's columns ({err})") from None
-        d, s = table_inputs(table.slice(0, rows - have), features)
+    for _, d, s in iter_split(parts, labels=False, batch_rows=min(rows, 1 << 16)):
         dense.append(d)
         sparse.append(s)
         have += len(d)
@@ -98,7 +76,7 @@ def held_out_rows(data: str | os.PathLike, features, rows: int) -> tuple[np.ndar
             break
     if not have:
         raise UserError(f"{data}: no rows in valid/ or train/ Parquet parts to validate the export on")
-    return np.concatenate(dense), np.concatenate(sparse)
+    return np.concatenate(dense)[:rows], np.concatenate(sparse)[:rows]
 
 
 def exported_probabilities(repo: Path, name: str, backend: str, features, dense: np.ndarray, sparse: np.ndarray,
@@ -143,7 +121,7 @@ def compare_with_trained(repo: str | os.PathLike, name: str, backend: str, model
     """`{"max_abs_diff", "rows", ...}` between the exported and the trained model on held-out rows."""
     from ctrflow.predict import score
 
-    dense, sparse = held_out_rows(data, features, rows)
+    dense, sparse = held_out_rows(data, rows)
     expected = score(model, dense, sparse)
     got = exported_probabilities(Path(repo), name, backend, features, dense, sparse, batch_size)
     diff = float(np.abs(got.astype(np.float64) - expected).max()) if len(expected) else 0.0
