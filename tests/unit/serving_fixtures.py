@@ -30,9 +30,34 @@ def processed_data(factory) -> tuple[Path, Path]:
     return _BUILT["raw"], _BUILT["data"]
 
 
-def checkpoint(factory, model: str = "dlrm") -> Path:
-    """A seeded, untrained checkpoint of `model` for `processed_data`, written by the checkpoint code."""
-    if model not in _BUILT:
+def movielens_data(factory, drop: tuple[str, ...] = ()) -> tuple[Path, Path]:
+    """(raw dir with day_0.csv, day_1.csv and movielens.yaml, processed dir): 800 synthetic
+    movielens-like rows a day, preprocessed with their description (cached). `drop` names feature
+    kinds ("dense") the description leaves out."""
+    key = "movielens" + "".join(f"-{kind}" for kind in drop)
+    if key not in _BUILT:
+        import yaml
+
+        from ctrflow.datasets.movielens.synth import synthesize
+        from ctrflow.preprocess.run import preprocess
+
+        root = factory.mktemp(key)
+        synthesize(root / "raw", rows=800, days=2, seed=4)
+        described = yaml.safe_load((root / "raw" / "movielens.yaml").read_text())
+        for kind in drop:
+            described[kind] = [] if kind != "multi_hot" else {}
+        (root / "raw" / "described.yaml").write_text(yaml.safe_dump(described))
+        preprocess([root / "raw" / "day_0.csv"], [root / "raw" / "day_1.csv"], root / "data", workers=1,
+                   dataset=root / "raw" / "described.yaml")
+        _BUILT.update({f"{key}-raw": root / "raw", key: root / "data"})
+    return _BUILT[f"{key}-raw"], _BUILT[key]
+
+
+def checkpoint(factory, model: str = "dlrm", data: Path | None = None) -> Path:
+    """A seeded, untrained checkpoint of `model` for `data` (default `processed_data`), written by
+    the checkpoint code."""
+    key = model if data is None else f"{model}:{data}"
+    if key not in _BUILT:
         from ctrflow.config import ModelConfig, TrainConfig
         from ctrflow.schema import Schema
         from ctrflow.models import build_model
@@ -40,7 +65,7 @@ def checkpoint(factory, model: str = "dlrm") -> Path:
         from ctrflow.train.distributed import Runtime
         from ctrflow.train.optim import build_optimizers
 
-        _, data = processed_data(factory)
+        data = data or processed_data(factory)[1]
         out = factory.mktemp(f"ckpt-{model}")
         schema = Schema.load(data)
         arch = ModelConfig(name=model, embedding_dim=4, bottom_mlp=(8,), top_mlp=(8,), deep_mlp=(8,))
@@ -51,8 +76,8 @@ def checkpoint(factory, model: str = "dlrm") -> Path:
                 table.mul_(40.0)
         save_checkpoint(out, net, build_optimizers(net, config.optim), {"step": 0, "epoch": 0, "batch": 0},
                         config, schema, Runtime(0, 1, 0, torch.device("cpu")))
-        _BUILT[model] = out
-    return _BUILT[model]
+        _BUILT[key] = out
+    return _BUILT[key]
 
 
 class FakeTensor:
@@ -120,10 +145,15 @@ def load_python_model(monkeypatch, model_py: Path, instance_kind: str = "CPU"):
     return model
 
 
-def raw_requests(path: Path, rows: slice) -> dict[str, np.ndarray]:
-    """Lines of a 40-column raw file as Triton BYTES inputs: {field: object array [B, 1]}."""
-    from ctrflow.datasets.criteo.columns import DENSE, SPARSE
+def raw_requests(path: Path, data: Path, rows: slice) -> dict[str, np.ndarray]:
+    """Rows of a raw file of the dataset `data` was preprocessed from, as Triton BYTES inputs:
+    {raw column: object array [B, 1]} (read as a client reads its files)."""
+    from ctrflow.datasets.table.raw import read_raw_rows
+    from ctrflow.preprocess.transform import description_of
+    from ctrflow.schema import Schema
 
-    lines = path.read_bytes().split(b"\n")[rows]
-    fields = [line.split(b"\t")[1:] for line in lines]
-    return {name: np.array([[f[i]] for f in fields], dtype=object) for i, name in enumerate((*DENSE, *SPARSE))}
+    blocks = list(read_raw_rows(path, description_of(Schema.load(data))))
+    return {name: np.array([[v.encode()] for v in np.concatenate([b.columns[name].to_numpy(zero_copy_only=False)
+                                                                  for b in blocks])[rows]], dtype=object)
+            for name in blocks[0].columns}
+

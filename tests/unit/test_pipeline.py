@@ -60,8 +60,17 @@ def test_one_train_task_serves_cpu_and_gpus(compiled):
     shm = spec["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-train"]["emptyDirMounts"]
     assert shm == [{"medium": "Memory", "mountPath": "/dev/shm", "sizeLimit": "16Gi", "volumeName": "dshm"}]
     assert set(spec["root"]["inputDefinitions"]["parameters"]) >= {
-        "raw_data", "model", "freq_threshold", "epochs", "batch_size", "num_gpus", "mlflow_tracking_uri",
+        "raw_data", "dataset", "model", "freq_threshold", "epochs", "batch_size", "num_gpus", "mlflow_tracking_uri",
         "mlflow_experiment"}
+
+
+def test_dataset_parameter_reaches_the_raw_data_task(compiled):
+    spec = load_spec(compiled)
+    parameters = spec["root"]["inputDefinitions"]["parameters"]
+    assert parameters["dataset"]["defaultValue"] == "criteo"
+    assert parameters["freq_threshold"]["defaultValue"] == 0  # 0: the description's own threshold
+    given = tasks_of(spec)["raw-data"]["inputs"]["parameters"]["dataset"]
+    assert given == {"componentInputParameter": "pipelinechannel--dataset"}
 
 
 def test_accelerator_type_is_empty_without_gpus():
@@ -102,9 +111,11 @@ def test_export_gets_evaluate_report(compiled):
 
 
 def test_cli_flags_become_pipeline_parameters():
-    argv = ["pipeline", "run", "--local", "--synth-rows", "1000", "--model", "dcnv2", "--learning-rate", "0.01"]
+    argv = ["pipeline", "run", "--local", "--synth-rows", "1000", "--model", "dcnv2", "--learning-rate", "0.01",
+            "--dataset", "movielens-like"]
     args = build_parser(argv).parse_args(argv)
-    assert parameter_values(args) == {"synth_rows": 1000, "model": "dcnv2", "learning_rate": 0.01}
+    assert parameter_values(args) == {"synth_rows": 1000, "model": "dcnv2", "learning_rate": 0.01,
+                                      "dataset": "movielens-like"}
 
 
 class FakeKfpApi(BaseHTTPRequestHandler):
