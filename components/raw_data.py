@@ -5,7 +5,7 @@ Either way one `raw` artifact and the list of files the preprocessing fans out o
 from kfp import dsl
 from kfp.dsl import Dataset, Output
 
-from components.image import TRAIN_IMAGE
+from ctrflow_components.image import TRAIN_IMAGE
 
 
 @dsl.component(base_image=TRAIN_IMAGE, install_kfp_package=False)
