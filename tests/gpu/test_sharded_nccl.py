@@ -21,10 +21,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-import test_sharding_fused as fused_parity  # noqa: E402
-from test_sharding_parity import check_results, worker  # noqa: E402
-from train_fixtures import write_processed  # noqa: E402
+import tests.fixtures.sharding_fused as fused_parity
+from tests.fixtures.sharding_parity import check_results, worker
+from tests.fixtures.training import write_processed
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")]

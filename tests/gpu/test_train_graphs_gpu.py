@@ -5,14 +5,12 @@ and Wide&Deep (their dense parts compiled apart) learn like their plain fp32 pat
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from train_fixtures import write_processed  # noqa: E402
+from tests.fixtures.training import write_processed
 
 from ctrflow.config import DataConfig, ModelConfig, OptimConfig, TrainConfig  # noqa: E402
 from ctrflow.checkpoint import load_model  # noqa: E402

@@ -22,7 +22,7 @@ from ctrflow.checkpoint import restore_checkpoint, save_checkpoint
 from ctrflow.train.distributed import Runtime, parallelize
 from ctrflow.train.fused import FusedTables, fused_collections, sharded_options
 from ctrflow.train.optim import build_optimizers, sparse_memory
-from test_checkpoint_tables import SCHEMA, assert_same, build, config, snapshot, train_steps
+from tests.fixtures.checkpoint import SCHEMA, assert_same, build, config, snapshot, train_steps
 
 # name -> (sparse optimizer, fused, sharding when saved, sharding when resumed on 2 ranks)
 CASES = {"plain": ("lazy_adam", False, "row", "column"), "fused": ("adagrad", True, "row", "table")}

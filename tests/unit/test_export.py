@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from serving_fixtures import checkpoint, load_python_model, processed_data, raw_requests
+from tests.fixtures.serving import checkpoint, load_python_model, processed_data, raw_requests
 from tritonclient.grpc import model_config_pb2 as pb
 
 from ctrflow.errors import UserError
@@ -106,7 +106,7 @@ def _chain(monkeypatch, repo, requests):
 
         session = ort.InferenceSession(str(repo / "ctr_model" / "1" / "model.onnx"))
         return [session.run(None, {"dense": r.output("dense"), "sparse": r.output("sparse")})[0] for r in features]
-    from serving_fixtures import FakeRequest
+    from tests.fixtures.serving import FakeRequest
 
     model = load_python_model(monkeypatch, repo / "ctr_model" / "1" / "model.py")
     ranked = model.execute([FakeRequest({"dense": r.output("dense"), "sparse": r.output("sparse")}) for r in features])
@@ -116,7 +116,7 @@ def _chain(monkeypatch, repo, requests):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_ensemble_chain_on_raw_rows_equals_predict(exported, monkeypatch, backend):
-    from serving_fixtures import FakeRequest
+    from tests.fixtures.serving import FakeRequest
 
     fields = raw_requests(exported["raw"] / "day_1.tsv", ROWS)
     halves = [FakeRequest({k: v[:20] for k, v in fields.items()}), FakeRequest({k: v[20:] for k, v in fields.items()})]
@@ -128,7 +128,7 @@ def test_ensemble_chain_on_raw_rows_equals_predict(exported, monkeypatch, backen
 
 
 def test_malformed_field_gets_error_response_naming_it(exported, monkeypatch):
-    from serving_fixtures import FakeRequest
+    from tests.fixtures.serving import FakeRequest
 
     repo = exported["root"] / "repo-python"
     pre = load_python_model(monkeypatch, repo / "ctr_preprocess" / "1" / "model.py")

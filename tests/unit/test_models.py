@@ -12,7 +12,8 @@ from ctrflow.embedding.collection import EmbeddingCollection
 from ctrflow.models import MODELS, build_model, embedding_collections, replace_module
 from ctrflow.train.optim import build_optimizers
 from ctrflow.features import Features
-from train_fixtures import one_thread  # noqa: F401 (autouse fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests/conftest.py)
 
 SIZES = [30 + i for i in range(len(SPARSE))]
 

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
-from serving_fixtures import checkpoint, processed_data
+from tests.fixtures.serving import checkpoint, processed_data
 
 from ctrflow.cli import main
 from ctrflow.loaders.memory import ParquetDataset

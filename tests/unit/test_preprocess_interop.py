@@ -7,7 +7,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, te
 from ctrflow.preprocess.run import preprocess
 from ctrflow.schema import Schema
 from ctrflow.datasets.criteo.columns import DENSE, SPARSE
-from test_preprocess import random_rows, write
+from tests.fixtures.preprocess import random_rows, write
 
 _FIELDS = {  # the subset of tensorflow_metadata's schema.proto that Merlin writes for tabular columns
     "Schema": [("feature", 1, "Feature", "repeated")],
