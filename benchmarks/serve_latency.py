@@ -6,7 +6,7 @@ Without `--repo` it builds one first (synth -> preprocess -> train a few steps -
 --backend python, in a temp dir). One client sends raw rows (BYTES, as a caller would) over HTTP,
 one request at a time, for each batch size: a bounded number of requests within a time budget.
 Prints ONE JSON line: p50/p99 latency (ms) and rows/s per batch size.
-Needs the serving venv (`scripts/setup_triton.sh`) and /work/venv-style ctrflow for the build.
+Needs the serving venv (`scripts/setup_triton.sh`) and an installed ctrflow for the build.
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ def test_fused_sharded_gpus_match_one_fused_process(tmp_path, world):
     # dim 32 (tensor-core pre-reduction), tables of up to 50k rows, batch 16,000, 10 steps, lr 0.01:
     # at lr 0.1 the probe's Adagrad/Adam trajectory is chaotic: the replicated tables' sums (another
     # summation order than one process's) drift 4e-4 after 4 steps and 2.5e-2 after 10 on 2 H200s,
-    # while each update alone agrees to 1e-6 (benchmarks/NOTES.md, four GPUs, session 2)
+    # while each update alone agrees to 1e-6 (measured on H200s)
     mp.spawn(fused_parity.worker, args=(world, str(tmp_path / "store"), results, "cuda", 32, 1000, 10, 0.01),
              nprocs=world, join=True)
     print({k: {m: v[m] for m in ("out", "loss", "weights", "state")} for k, v in dict(results).items()})

@@ -1,8 +1,8 @@
 """Raw Criteo TSV → Parquet + schema + vocabularies, streaming in two passes over every core.
 
 Fit pass: blocks of whole lines are parsed on worker processes, their training values counted and
-the parsed block cached; the counts merge into the vocabularies (ARCHITECTURE.md "Processed-data
-conventions"). Transform pass: the cached blocks become Parquet parts in input order. Everything is
+the parsed block cached; the counts merge into the vocabularies (the id rule of
+docs/feature-contract.md). Transform pass: the cached blocks become Parquet parts in input order. Everything is
 written under `DIR.tmp-<pid>` and renamed into place at the end, so a failed or interrupted run
 leaves nothing that looks complete. The output is the same for any worker count and chunk size.
 """

@@ -1,7 +1,7 @@
 """`Tracker` whose MLflow work runs in a process of its own, beside the step.
 
 Importing mlflow and opening a SQLite store costs seconds of CPU (the sqlalchemy models and the
-schema check), which a step used to pay before its first row. `BackgroundTracker` starts
+schema check), which a step would otherwise pay before its first row. `BackgroundTracker` starts
 `ctrflow.tracking.worker` when the step starts and sends it every call as one JSON line; the worker
 opens the run while the step works. Params, metrics and tags are sent and the step goes on; an
 artifact is logged before `log_artifact` returns (the step may delete the file next); `close` waits

@@ -1,7 +1,7 @@
 """Running a model on `FusedShardedEmbeddingCollection` faster: exchanges started before the dense
 layers (`forward_in_chunks`, optionally as micro-batches) and DLRM's interaction reading the exchange
 buffers in place (`read_exchange_layout`). Both keep the step exact: one table update per step, the
-same gradients. Measured on 4 H200s in benchmarks/NOTES.md (four GPUs, session 3)."""
+same gradients. Measured on 4 H200s: benchmarks/NOTES.md, "DLRM on several GPUs"."""
 
 from __future__ import annotations
 
