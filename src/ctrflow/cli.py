@@ -73,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `ctrflow` console script."""
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
+    if args.command in COMMANDS and hasattr(args, "tracking_uri"):
+        # the step's MLflow worker starts now, beside the step's own imports (ctrflow.tracking.background)
+        from ctrflow.tracking.background import prepare_from_args
+
+        prepare_from_args(args)
     module = command_module(args.command)
     try:
         return int(module.run(args) or 0)

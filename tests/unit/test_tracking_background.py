@@ -88,3 +88,25 @@ def test_a_store_that_cannot_open_is_one_user_error_naming_it(tmp_path):
         with tracker:
             tracker.log_params({"a": 1})
     tracker.close()  # reported once; closing again does nothing
+
+
+def test_a_step_starts_its_worker_when_parsed_and_its_tracker_takes_it_over(store, tmp_path, monkeypatch):
+    from ctrflow.cli import build_parser
+    from ctrflow.tracking import background
+
+    monkeypatch.setattr(background, "_prepared", {})
+    raw = tmp_path / "day.tsv"
+    raw.write_text("")
+    count = ["preprocess", "--tracking-uri", store, "count", "--input", str(raw), "--out", str(tmp_path / "c")]
+    background.prepare_from_args(build_parser(count).parse_args(count))  # a fan-out action logs no run
+    off = ["preprocess", "--train", str(raw), "--out", str(tmp_path / "o"), "--tracking-uri", "none"]
+    background.prepare_from_args(build_parser(off).parse_args(off))
+    assert background._prepared == {}
+
+    step = ["preprocess", "--train", str(raw), "--out", str(tmp_path / "o"), "--tracking-uri", store]
+    background.prepare_from_args(build_parser(step).parse_args(step))
+    worker = background._prepared[store]
+    with make_tracker(store, "bg", "preprocess") as tracker:
+        assert tracker._proc is worker and background._prepared == {}
+        tracker.log_params({"rows": 3})
+    assert mlflow.MlflowClient(store).get_run(tracker.run_id).data.params == {"rows": "3"}

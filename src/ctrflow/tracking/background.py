@@ -1,13 +1,14 @@
 """`Tracker` whose MLflow work runs in a process of its own, beside the step.
 
 Importing mlflow and opening a SQLite store costs seconds of CPU (the sqlalchemy models and the
-schema check), which a step would otherwise pay before its first row. `BackgroundTracker` starts
-`ctrflow.tracking.worker` when the step starts and sends it every call as one JSON line; the worker
-opens the run while the step works. Params, metrics and tags are sent and the step goes on; an
-artifact is logged before `log_artifact` returns (the step may delete the file next); `close` waits
-until everything sent is logged and the run is ended, so a command returns only once its run is
-complete, also when it fails. If the step's process dies without closing, the worker logs what it
-received and ends the run FAILED.
+schema check), which a step would otherwise pay before its first row. `ctrflow.cli` starts the
+worker (`ctrflow.tracking.worker`) as soon as a step's flags are parsed (`prepare_from_args`), so
+that it imports mlflow and opens the store while the step imports its own libraries; the step's
+`BackgroundTracker` takes it over and sends it every call as one JSON line. Params, metrics and tags
+are sent and the step goes on; an artifact is logged before `log_artifact` returns (the step may
+delete the file next); `close` waits until everything sent is logged and the run is ended, so a
+command returns only once its run is complete, also when it fails. If the step's process dies
+without closing, the worker logs what it received and ends the run FAILED.
 """
 
 from __future__ import annotations
@@ -35,11 +36,7 @@ class BackgroundTracker(Tracker):
     def __init__(self, uri: str, experiment: str = "ctrflow", run_name: str | None = None,
                  parent_run_id: str | None = None, tags: Mapping[str, str] | None = None) -> None:
         self.uri = uri
-        library = str(Path(ctrflow.__file__).resolve().parents[1])  # the worker imports this same ctrflow
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [library, os.environ.get("PYTHONPATH")]))}
-        # a session of its own: Ctrl-C reaches the step, which then closes the run as FAILED
-        self._proc = subprocess.Popen([sys.executable, "-m", "ctrflow.tracking.worker"], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, env=env, start_new_session=True)
+        self._proc = _take_prepared(uri) or start_worker()
         self._sent = 0
         self._buffer = b""
         self._replies: dict[int, dict] = {}
@@ -144,6 +141,63 @@ class BackgroundTracker(Tracker):
         if self._failure and not self._reported:
             self._reported = True
             raise UserError(f"MLflow tracking ({self.uri}): {self._failure}")
+
+
+def start_worker() -> subprocess.Popen:
+    """A new worker process (`ctrflow.tracking.worker`), reading requests on its stdin."""
+    library = str(Path(ctrflow.__file__).resolve().parents[1])  # the worker imports this same ctrflow
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [library, os.environ.get("PYTHONPATH")]))}
+    # a session of its own: Ctrl-C reaches the step, which then closes the run as FAILED
+    return subprocess.Popen([sys.executable, "-m", "ctrflow.tracking.worker"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, env=env, start_new_session=True)
+
+
+_prepared: dict[str, subprocess.Popen] = {}  # a worker already opening the store at this URI
+
+
+def prepare(uri: str, experiment: str = "ctrflow") -> None:
+    """Start a worker that imports mlflow and opens the store at `uri` now, while the step imports its
+    own libraries on the other cores; the step's `BackgroundTracker` then takes it over. A worker no
+    tracker took is stopped when the interpreter exits (it holds no run)."""
+    if uri in _prepared:
+        return
+    proc = start_worker()
+    try:
+        proc.stdin.write((json.dumps({"n": 0, "op": "prepare", "wait": False, "uri": uri,
+                                      "experiment": experiment}) + "\n").encode())
+        proc.stdin.flush()
+    except BrokenPipeError:
+        return
+    _prepared[uri] = proc
+    if len(_prepared) == 1:
+        atexit.register(_stop_prepared)
+
+
+def prepare_from_args(args) -> None:
+    """`prepare` for a step's parsed tracking flags (`add_tracking_flags`), unless this invocation
+    logs no run: tracking off, mlflow absent, a torchrun rank other than 0, or a step's sub-action
+    (`ctrflow preprocess count|merge|transform|finalize`)."""
+    import importlib.util
+
+    from ctrflow.tracking import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(getattr(args, "tracking_uri", None))
+    if (uri.lower() == "none" or getattr(args, "action", None) or int(os.environ.get("RANK", 0)) != 0
+            or importlib.util.find_spec("mlflow") is None):
+        return
+    prepare(uri, getattr(args, "experiment", None) or "ctrflow")
+
+
+def _take_prepared(uri: str) -> subprocess.Popen | None:
+    proc = _prepared.pop(uri, None)
+    return proc if proc is not None and proc.poll() is None else None
+
+
+def _stop_prepared() -> None:
+    while _prepared:
+        _, proc = _prepared.popitem()
+        proc.kill()
+        proc.wait()
 
 
 def _close_at_exit(ref: weakref.ref) -> None:

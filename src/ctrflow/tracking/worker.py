@@ -1,6 +1,7 @@
 """The process behind `ctrflow.tracking.background.BackgroundTracker` (`python -m ctrflow.tracking.worker`).
 
-Reads one JSON request a line on stdin, in order: `start` (open the run), `log_params`, `log_metrics`,
+Reads one JSON request a line on stdin, in order: `prepare` (optional: import mlflow and open the store
+ahead of the run), `start` (open the run), `log_params`, `log_metrics`,
 `set_tags`, `log_artifact`, `register_model`, `close`. Replies on stdout with one JSON line, for the
 requests that ask (`wait`) and for every error. Anything mlflow prints goes to stderr. At the end of
 stdin without `close` (the step's process died), the run ends FAILED after what was received.
@@ -40,6 +41,11 @@ def main() -> int:
         n, op, wait = request.pop("n"), request.pop("op"), request.pop("wait")
         reply: dict = {"n": n}
         try:
+            if op == "prepare":  # import mlflow and open the store before the run is asked for
+                from mlflow import MlflowClient
+
+                MlflowClient(tracking_uri=request["uri"]).get_experiment_by_name(request["experiment"])
+                continue
             if op == "start":
                 from ctrflow.tracking.mlflow_tracker import MlflowTracker
 
@@ -55,6 +61,8 @@ def main() -> int:
             else:
                 reply["result"] = handle(tracker, op, request)
         except Exception as err:  # reported to the step, which raises it; later requests still run
+            if op == "prepare":
+                continue  # the start meets the same problem and reports it
             reply["error"] = f"{type(err).__name__}: {err}".splitlines()[0]
         if wait or "error" in reply:
             replies.write(json.dumps(reply) + "\n")
