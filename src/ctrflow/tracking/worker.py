@@ -9,6 +9,7 @@ stdin without `close` (the step's process died), the run ends FAILED after what 
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -33,6 +34,9 @@ def handle(tracker, op: str, request: dict):
 
 def main() -> int:
     """Serve requests until `close` or the end of stdin."""
+    # a short-lived process: collecting the millions of objects mlflow's import makes frees nothing
+    # and costs ~20% of its CPU
+    gc.disable()
     replies = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # mlflow's own output must not mix with the replies
     tracker, closed = None, False
@@ -74,4 +78,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # everything is stored by now (each call returned once its store committed): skip the interpreter's
+    # teardown of mlflow's modules, seconds of CPU after the step is done
+    os._exit(code)
