@@ -26,6 +26,10 @@ class ModelConfig:
     cross_layers: int = 3  # DCNv2
     cross_rank: int = 32  # DCNv2 low-rank factor of each cross layer
     dropout: float = 0.0  # share of each hidden activation of the over arch / deep MLP dropped while training
+    # the tables are drawn by DLRM's rule, uniform(+-1/sqrt(rows)), then multiplied by this: the full
+    # draw gives a 5-row table rows of norm 1 and DeepFM a first logit spread of ~1 before any step
+    # (benchmarks/quality.md); 1.0 is the MLPerf reference's init
+    embedding_init_scale: float = 0.1
 
     def arch_kwargs(self) -> dict[str, Any]:
         """The keyword arguments `build_model(self.name, ...)` takes for this architecture."""
@@ -50,7 +54,12 @@ class OptimConfig:
     # auto: tables of at least this many rows get lazy_adam (only touched rows move), smaller ones
     # dense adam, whose O(rows) step costs no more than a batch of lookups there
     large_table_rows: int = 1_000
-    sparse_lr: float | None = 0.01  # None: same as lr
+    # None: same as lr. 10x the dense rate made the embeddings memorize the train split in the second
+    # epoch (DeepFM lost 0.04 AUC: benchmarks/quality.md)
+    sparse_lr: float | None = None
+    # L2 on the embedding rows a batch touches: each distinct row's summed gradient gets + embedding_l2 * w
+    # before the optimizer's rule (per step, against the mean loss; untouched rows are left alone)
+    embedding_l2: float = 1e-2
     weight_decay: float = 0.0  # dense only
     warmup_steps: int = 0  # linear warmup from 0
     decay_start_step: int | None = None  # polynomial decay from here; None: no decay
@@ -92,7 +101,8 @@ class TrainConfig:
     log_every: int = 50
     eval_every: int = 0  # 0: evaluate at the end of each epoch only
     checkpoint_every: int = 0  # 0: checkpoint at the end of each epoch only
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 2  # the newest step directories kept (besides the best, which is never pruned)
+    early_stopping: int = 0  # stop after this many validations without a better AUC (0: never)
     device: str = "auto"  # auto | cpu | cuda
     threads: int | None = None  # torch intra-op threads on the CPU; None: torch's default
     resume: str | None = None
@@ -166,7 +176,7 @@ def small_config(data: str, out: str, model: str = "dlrm") -> TrainConfig:
         out=out,
         data=DataConfig(path=data, batch_size=2048),
         model=ModelConfig(name=model, embedding_dim=16),
-        optim=OptimConfig(lr=1e-3, sparse_lr=0.01),
+        optim=OptimConfig(lr=1e-3),
     )
 
 

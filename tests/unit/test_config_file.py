@@ -30,7 +30,7 @@ def test_print_config_fed_back_gives_the_same_config(tmp_path, capsys):
     config = load_config(str(tmp_path / "run.yaml"))
     assert config.model == ModelConfig(name="dcnv2", embedding_dim=128, bottom_mlp=(512, 256),
                                        top_mlp=(1024, 1024, 512, 256), deep_mlp=(512, 256, 128), cross_layers=3,
-                                       cross_rank=64, dropout=0.25)
+                                       cross_rank=64, dropout=0.25, embedding_init_scale=1.0)
     assert (config.optim.decay_start_step, config.optim.sparse_lr, config.data.shuffle, config.overwrite) == \
         (None, 0.5, False, True)
     assert "deep_mlp: [512, 256, 128]" in first  # widths read as written

@@ -22,8 +22,9 @@ def init_rows(table: TableConfig, seed: int, index: int, start: int, stop: int) 
 
     DLRM's uniform(-1/sqrt(n), 1/sqrt(n)), drawn in blocks of `INIT_BLOCK_ROWS` rows, each from a
     generator seeded by (seed, table, block): every process, and every shard of the table, gets the
-    same numbers while drawing only the blocks it holds (an MLPerf table is 20 GB in fp32).
-    A table whose `init` is "zeros" (first-order weights) starts at zero.
+    same numbers while drawing only the blocks it holds (an MLPerf table is 20 GB in fp32); then
+    multiplied by the table's `init_scale`. A table whose `init` is "zeros" (first-order weights)
+    starts at zero, and so does a multi-hot table's padding row (`zero_padding_row`).
     """
     if table.init == "zeros":
         return torch.zeros(stop - start, table.embedding_dim)
@@ -36,7 +37,20 @@ def init_rows(table: TableConfig, seed: int, index: int, start: int, stop: int) 
         rows = torch.empty(hi - lo, table.embedding_dim).uniform_(-bound, bound, generator=gen)
         a, b = max(lo, start), min(hi, stop)
         out[a - start:b - start] = rows[a - lo:b - lo]
+    if table.init_scale != 1.0:
+        out.mul_(table.init_scale)
+    zero_padding_row(table, out, start)
     return out
+
+
+def zero_padding_row(table: TableConfig, rows: torch.Tensor, start: int = 0) -> None:
+    """Zero row 0 of a multi-hot table where `rows` (the table's rows from `start`) holds it.
+
+    Padding (id 0 of a bag) never reaches an output, so its row is never read; at zero it stays
+    zero under every optimizer and the embedding L2 (its gradient is zero), whichever path
+    touches it: the row-wise shards never see padding, the other paths look it up."""
+    if table.pooling is not None and start == 0 and rows.shape[0]:
+        rows[0].zero_()
 
 
 def init_table(table: TableConfig, seed: int, index: int) -> torch.Tensor:

@@ -2,7 +2,8 @@
 
 Updates read the batch's gradient rows only (duplicate ids summed by coalescing): SGD, row-wise
 Adagrad and LazyAdam touch only those rows; Adam decays the moments of every row, exactly like
-`torch.optim.Adam` fed the dense gradient (affordable on small tables). State lives beside each
+`torch.optim.Adam` fed the dense gradient (affordable on small tables). With `l2` every touched row's
+summed gradient gets `+ l2 * w` first (`ctrflow.embedding.regularize`). State lives beside each
 table's local shard, so it is sharded with the table; `state_dict()` holds whole-table state, so a
 checkpoint written on N ranks loads on M.
 """
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 
 from ctrflow.embedding.collection import EmbeddingCollection
+from ctrflow.embedding.regularize import regularized
 from ctrflow.embedding.tables import TableConfig
 from ctrflow.errors import UserError
 
@@ -54,12 +56,12 @@ def sparse_parameters(model: nn.Module) -> set[nn.Parameter]:
 class SparseOptimizer(torch.optim.Optimizer):
     """One optimizer over the embedding tables of a model; each table has its own kind and state.
 
-    Param groups carry `table`, `kind`, `lr`, `betas`, `eps`, `dim` (the full embedding dim), so LR
-    schedulers work unchanged. Collections without local shards leave this rank with no groups.
+    Param groups carry `table`, `kind`, `lr`, `betas`, `eps`, `l2` (the embedding L2), `dim` (the full
+    embedding dim), so LR schedulers work unchanged. Collections without local shards leave this rank with no groups.
     """
 
     def __init__(self, model: nn.Module, kind: str = "auto", lr: float = 1e-3, betas=(0.9, 0.999),
-                 eps: float = 1e-8, large_table_rows: int = LARGE_TABLE_ROWS):
+                 eps: float = 1e-8, large_table_rows: int = LARGE_TABLE_ROWS, l2: float = 0.0):
         self.collections = dict(embedding_collections(model))
         groups = []
         for _path, coll in self.collections.items():
@@ -71,7 +73,7 @@ class SparseOptimizer(torch.optim.Optimizer):
         self.table_kinds = {t.name: choose_kind(t, kind, large_table_rows)
                             for c in self.collections.values() for t in c.tables}
         self.steps = 0  # optimizer steps taken: Adam's bias correction, the same for every table
-        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps}
+        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "l2": l2}
         if not groups:  # a rank may hold no shard at all; torch refuses an empty optimizer
             groups = [{"params": [], "table": None, "dim": 0, "kind": "sgd"}]
         super().__init__(groups, defaults)
@@ -86,6 +88,7 @@ class SparseOptimizer(torch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 rows, values = _rows_and_values(p.grad)
+                values = regularized(values, p[rows], group["l2"])  # a column shard: its own columns
                 getattr(self, f"_step_{group['kind']}")(p, rows, values, group, self.state[p])
         return loss
 

@@ -21,6 +21,7 @@ class TableConfig:
     length: int = 1
     pooling: str | None = None  # None: one id per sample, looked up as is (id 0 = missing has a row)
     init: str = "uniform"  # DLRM's uniform(-1/sqrt(rows), 1/sqrt(rows)) | "zeros" (first-order weights)
+    init_scale: float = 1.0  # the uniform draw is multiplied by this (`ModelConfig.embedding_init_scale`)
 
     @property
     def bytes(self) -> int:
@@ -28,10 +29,11 @@ class TableConfig:
         return self.num_embeddings * self.embedding_dim * 4
 
 
-def tables_for(features, dim: int, prefix: str = "t", init: str = "uniform") -> list[TableConfig]:
+def tables_for(features, dim: int, prefix: str = "t", init: str = "uniform",
+               init_scale: float = 1.0) -> list[TableConfig]:
     """One table per sparse feature (`ctrflow.features.Feature`), sized by its cardinality."""
     return [TableConfig(f"{prefix}_{f.name}", int(f.cardinality), dim, f.name, f.width,
-                        f.pooling if f.kind == "multi_hot" else None, init) for f in features]
+                        f.pooling if f.kind == "multi_hot" else None, init, init_scale) for f in features]
 
 
 def check_ids(ids, tables: list[TableConfig]) -> None:

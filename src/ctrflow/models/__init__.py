@@ -36,7 +36,9 @@ def build_model(name: str, features: Features, embedding_dim: int = 16, seed: in
     """A freshly initialised model; the same arguments give the same weights, on any machine.
 
     `features` is the feature contract (`Schema.features`, or any object with a `features`
-    attribute holding one); `arch` holds the architecture's own settings (`ModelConfig.arch_kwargs()`).
+    attribute holding one); `arch` holds the architecture's own settings (`ModelConfig.arch_kwargs()`)
+    and may set `embedding_init_scale` (the tables' uniform(+-1/sqrt(rows)) draw is multiplied by it;
+    default `base.EMBEDDING_INIT_SCALE`, 0.1; 1.0 is DLRM's reference init).
     """
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")

@@ -30,6 +30,9 @@ from ctrflow.embedding.tables import tables_for
 from ctrflow.features import Features
 from ctrflow.models.layers import MLP
 
+# the tables' uniform(+-1/sqrt(rows)) draw times this (`ModelConfig.embedding_init_scale`, the same default)
+EMBEDDING_INIT_SCALE = 0.1
+
 
 class RankingModel(nn.Module):
     """Base of DLRM, DCNv2, DeepFM and Wide&Deep (module doc); subclasses build the parts and `head`."""
@@ -41,11 +44,13 @@ class RankingModel(nn.Module):
     linear_embeddings: EmbeddingCollection | None
     linear_dense: nn.Linear | None
 
-    def __init__(self, features: Features, embedding_dim: int, seed: int = 0):
+    def __init__(self, features: Features, embedding_dim: int, seed: int = 0,
+                 embedding_init_scale: float = EMBEDDING_INIT_SCALE):
         super().__init__()
         self.features = features
         self.embedding_dim = embedding_dim
-        self.embeddings = EmbeddingCollection(tables_for(features.sparse, embedding_dim), seed, embedding_dim)
+        tables = tables_for(features.sparse, embedding_dim, init_scale=embedding_init_scale)
+        self.embeddings = EmbeddingCollection(tables, seed, embedding_dim)
         self.dense_arch = self.interaction = self.linear_embeddings = self.linear_dense = None
 
     def add_first_order(self, seed: int) -> None:

@@ -7,7 +7,7 @@ from typing import Sequence
 import torch
 
 from ctrflow.features import Features
-from ctrflow.models.base import RankingModel
+from ctrflow.models.base import EMBEDDING_INIT_SCALE, RankingModel
 from ctrflow.models.layers import MLP, LowRankCrossNet
 
 
@@ -17,8 +17,8 @@ class DCNv2(RankingModel):
 
     def __init__(self, features: Features, embedding_dim: int = 16, bottom_mlp: Sequence[int] = (64, 32),
                  deep_mlp: Sequence[int] = (128, 64), cross_layers: int = 3, cross_rank: int = 32, seed: int = 0,
-                 dropout: float = 0.0):
-        super().__init__(features, embedding_dim, seed)
+                 dropout: float = 0.0, embedding_init_scale: float = EMBEDDING_INIT_SCALE):
+        super().__init__(features, embedding_dim, seed, embedding_init_scale)
         has_dense = features.num_dense > 0
         if has_dense:
             self.dense_arch = MLP(features.num_dense, [*bottom_mlp, embedding_dim])

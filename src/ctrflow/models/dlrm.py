@@ -7,7 +7,7 @@ from typing import Sequence
 import torch
 
 from ctrflow.features import Features
-from ctrflow.models.base import RankingModel
+from ctrflow.models.base import EMBEDDING_INIT_SCALE, RankingModel
 from ctrflow.models.layers import MLP, DotInteraction, pad_input_columns
 
 
@@ -18,8 +18,9 @@ class DLRM(RankingModel):
     the T embeddings alone."""
 
     def __init__(self, features: Features, embedding_dim: int = 16, bottom_mlp: Sequence[int] = (64, 32),
-                 top_mlp: Sequence[int] = (128, 64), seed: int = 0, dropout: float = 0.0):
-        super().__init__(features, embedding_dim, seed)
+                 top_mlp: Sequence[int] = (128, 64), seed: int = 0, dropout: float = 0.0,
+                 embedding_init_scale: float = EMBEDDING_INIT_SCALE):
+        super().__init__(features, embedding_dim, seed, embedding_init_scale)
         has_dense = features.num_dense > 0
         if has_dense:
             self.dense_arch = MLP(features.num_dense, [*bottom_mlp, embedding_dim])

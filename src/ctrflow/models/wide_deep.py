@@ -7,7 +7,7 @@ from typing import Sequence
 import torch
 
 from ctrflow.features import Features
-from ctrflow.models.base import RankingModel
+from ctrflow.models.base import EMBEDDING_INIT_SCALE, RankingModel
 from ctrflow.models.layers import MLP
 
 
@@ -16,8 +16,9 @@ class WideDeep(RankingModel):
     deep: MLP over [dense, T embeddings flattened]; logits = wide + deep."""
 
     def __init__(self, features: Features, embedding_dim: int = 16, deep_mlp: Sequence[int] = (128, 64),
-                 seed: int = 0, dropout: float = 0.0):
-        super().__init__(features, embedding_dim, seed)
+                 seed: int = 0, dropout: float = 0.0,
+                 embedding_init_scale: float = EMBEDDING_INIT_SCALE):
+        super().__init__(features, embedding_dim, seed, embedding_init_scale)
         self.add_first_order(seed)
         width = features.num_dense + len(features.sparse) * embedding_dim
         self.over_arch = MLP(width, [*deep_mlp, 1], last_activation=False, dropout=dropout)

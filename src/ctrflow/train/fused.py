@@ -75,7 +75,7 @@ def _plans_columns(config: TrainConfig) -> bool:
 def sharded_options(cfg: OptimConfig, output_dtype: torch.dtype | None) -> dict[str, Any]:
     """Options of the fused sharded collections under torchrun (`parallelize(..., fused=...)`)."""
     return {"optimizer": FUSED_KINDS[cfg.sparse][0], "lr": cfg.lr if cfg.sparse_lr is None else cfg.sparse_lr,
-            "output_dtype": output_dtype or torch.float32}
+            "output_dtype": output_dtype or torch.float32, "l2": cfg.embedding_l2}
 
 
 def swap_interactions(model: RankingModel) -> None:
@@ -121,7 +121,7 @@ def apply_fused(model: RankingModel, cfg: OptimConfig, device: torch.device,
         if isinstance(coll, EmbeddingCollection) and coll.tables and coll.embedding_dim >= FUSED_MIN_DIM:
             fused[path] = FusedEmbeddingCollection.from_collection(
                 coll, optimizer=rule, lr=lr, device=device, output_dtype=output_dtype or torch.float32,
-                check_ids=False)  # the loader checked every id on the host
+                check_ids=False, l2=cfg.embedding_l2)  # the loader checked every id on the host
             setattr(model, path, fused[path])
     swap_interactions(model)
     return fused

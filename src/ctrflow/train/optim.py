@@ -131,7 +131,8 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig, fused: "FusedTables | N
     else:
         raise ValueError(f"unknown dense optimizer {cfg.dense!r}; choose one of {', '.join(DENSE_OPTIMIZERS)}")
     # per table: SGD, row-wise Adagrad, Adam or LazyAdam (auto: LazyAdam on large tables, Adam on small)
-    sparse = SparseOptimizer(model, cfg.sparse, lr=sparse_lr, large_table_rows=cfg.large_table_rows)
+    sparse = SparseOptimizer(model, cfg.sparse, lr=sparse_lr, large_table_rows=cfg.large_table_rows,
+                             l2=cfg.embedding_l2)
     return Optimizers(dense, sparse, list(tables), (cfg.lr, sparse_lr), fused)
 
 

@@ -12,7 +12,7 @@ import math
 import torch
 from torch import nn
 
-from ctrflow.embedding.collection import EmbeddingCollection, copy_table_rows, init_table
+from ctrflow.embedding.collection import EmbeddingCollection, copy_table_rows, init_table, zero_padding_row
 from ctrflow.embedding.fused import bags, ops
 from ctrflow.embedding.pooling import is_one_hot, slot_count, slot_tables
 from ctrflow.embedding.tables import TableConfig
@@ -60,7 +60,8 @@ class FusedEmbeddingCollection(nn.Module):
     """Drop-in for `EmbeddingCollection` (ids [B, S] -> [B, T, D], one-id tables and multi-hot bags,
     `tables`, `full_weights()`) that trains itself: the backward pass sums each distinct row's
     gradient (a bag's id: its bag's gradient, / count for mean, none for padding) and applies `optimizer`
-    ("sgd", "rowwise_adagrad" or "adam", the lazy Adam of `torch.optim.SparseAdam`) in place.
+    ("sgd", "rowwise_adagrad" or "adam", the lazy Adam of `torch.optim.SparseAdam`) in place, after
+    adding `l2 * w` to each such row's sum (`ctrflow.embedding.regularize`).
 
     The weights are a buffer, not a parameter: dense optimizers and DDP never see them, and no
     gradient tensor is ever made. `storage_dtype` may be bf16/fp16 (updates computed in fp32);
@@ -72,7 +73,8 @@ class FusedEmbeddingCollection(nn.Module):
     def __init__(self, tables: list[TableConfig], seed: int = 0, optimizer: str = "sgd", lr: float = 0.01,
                  storage_dtype: torch.dtype = torch.float32, output_dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None, eps: float = 1e-8,
-                 betas: tuple[float, float] = (0.9, 0.999), check_ids: bool = True, pre_reduce: bool = True):
+                 betas: tuple[float, float] = (0.9, 0.999), check_ids: bool = True, pre_reduce: bool = True,
+                 l2: float = 0.0):
         super().__init__()
         if optimizer not in ops.OPTIMIZERS:
             raise ValueError(f"unknown fused optimizer {optimizer!r}; choose one of {', '.join(ops.OPTIMIZERS)}")
@@ -102,7 +104,7 @@ class FusedEmbeddingCollection(nn.Module):
         state2 = (rows, dim) if optimizer == "adam" else (1,)
         self.row_state = ops.RowState(
             optimizer, torch.tensor([lr, 0.0], device=device), torch.zeros(state1, device=device),
-            torch.zeros(state2, device=device), eps, betas[0], betas[1])
+            torch.zeros(state2, device=device), eps, betas[0], betas[1], l2)
         self.scratch: dict = {}
 
     @classmethod
@@ -208,7 +210,8 @@ def _capturing(ids: torch.Tensor) -> bool:
 
 
 def _init_weights(tables: list[TableConfig], seed: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """All tables in one [R, D] buffer, each drawn like `init_table` (on `device`'s own generator)."""
+    """All tables in one [R, D] buffer, each drawn like `init_table` (on `device`'s own generator: the
+    same bounds, scale and zero padding row, other numbers)."""
     rows = sum(t.num_embeddings for t in tables)
     weight = torch.empty(rows, tables[0].embedding_dim, dtype=dtype, device=device)
     if device.type == "meta":
@@ -225,8 +228,12 @@ def _init_weights(tables: list[TableConfig], seed: int, dtype: torch.dtype, devi
             continue
         gen = torch.Generator(device=device).manual_seed(seed * 1000003 + index)
         bound = 1.0 / math.sqrt(t.num_embeddings)
-        if dtype == torch.float32:
-            block.uniform_(-bound, bound, generator=gen)
-        else:
-            block.copy_(torch.empty(block.shape, device=device).uniform_(-bound, bound, generator=gen))
+        # fp32 in place: a second buffer of an MLPerf table would not fit beside it
+        drawn = block if dtype == torch.float32 else torch.empty(block.shape, device=device)
+        drawn.uniform_(-bound, bound, generator=gen)
+        if t.init_scale != 1.0:
+            drawn.mul_(t.init_scale)  # as `init_rows`: drawn, then scaled
+        zero_padding_row(t, drawn)
+        if drawn is not block:
+            block.copy_(drawn)
     return weight

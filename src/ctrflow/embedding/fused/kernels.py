@@ -100,11 +100,12 @@ def accumulate_segments_kernel(sorted_rows_ptr, order_ptr, slot_ptr, grad_ptr, a
 
 @triton.jit
 def apply_update_kernel(unique_rows_ptr, count_ptr, acc_ptr, weight_ptr, state1_ptr, state2_ptr, hyper_ptr,
-                        eps, beta1, beta2, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_U: tl.constexpr,
-                        OPTIMIZER: tl.constexpr):
+                        eps, beta1, beta2, l2, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_U: tl.constexpr,
+                        OPTIMIZER: tl.constexpr, L2: tl.constexpr = False):
     """One optimizer step on the distinct rows slots [pid*BLOCK_U, +BLOCK_U) < count; zeroes acc there.
 
     hyper = [lr, step] (device memory, so that a captured graph sees a new learning rate).
+    With L2 each row's summed gradient first becomes g + l2 w (`ctrflow.embedding.regularize`).
     SGD: w -= lr g. Row-wise Adagrad: s += mean(g^2); w -= lr g / (sqrt(s) + eps).
     Adam (lazy, torch.optim.SparseAdam's rule): m, v of touched rows only;
     w -= lr sqrt(1 - b2^step) / (1 - b1^step) m / (sqrt(v) + eps).
@@ -120,6 +121,8 @@ def apply_update_kernel(unique_rows_ptr, count_ptr, acc_ptr, weight_ptr, state1_
     w_at = weight_ptr + rows[:, None] * D + cols[None, :]
     w = tl.load(w_at, mask=mask, other=0.0).to(tl.float32)
     lr = tl.load(hyper_ptr)
+    if L2:
+        grad = grad + l2 * w
     if OPTIMIZER == 0:
         w = w - lr * grad
     elif OPTIMIZER == 1:

@@ -45,7 +45,7 @@ class Layout:
         self.pools = any(self.tab_bag_slot) or any(f in self.bag_rows for f, _ in self.row_slots[rank])
         self.local_tables = one_id_tables([tables[f] for f in mine]) + [
             TableConfig(f"{tables[f].name}[{s.rows[0]}:{s.rows[1]}]", s.num_rows, tables[f].embedding_dim,
-                        tables[f].feature) for f, s in self.row_slots[rank]]
+                        tables[f].feature, init_scale=tables[f].init_scale) for f, s in self.row_slots[rank]]
         # for each local table: (table name, the rows of the whole table it holds)
         self.local_parts = [(tables[f].name, (0, tables[f].num_embeddings)) for f in mine] + [
             (tables[f].name, s.rows) for f, s in self.row_slots[rank]]

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ctrflow.embedding.regularize import regularized
+
 try:  # the kernel compiler exists only where CUDA does (an import error leaves the torch path)
     import triton
 
@@ -27,7 +29,8 @@ OPTIMIZERS = {"sgd": 0, "rowwise_adagrad": 1, "adam": 2}
 class RowState:
     """Optimizer state of the fused tables: `hyper` = [lr, step] (fp32, on the weights' device);
     `state1` ([R] row-wise Adagrad sums, or [R, D] Adam first moments), `state2` ([R, D] Adam second
-    moments); a one-element placeholder where the optimizer has none."""
+    moments); a one-element placeholder where the optimizer has none. `l2`: the embedding L2 added to
+    each updated row's summed gradient (`ctrflow.embedding.regularize`)."""
 
     optimizer: str
     hyper: torch.Tensor
@@ -36,6 +39,7 @@ class RowState:
     eps: float = 1e-8
     beta1: float = 0.9
     beta2: float = 0.999
+    l2: float = 0.0
 
 
 def uses_kernels(weight: torch.Tensor) -> bool:
@@ -117,7 +121,8 @@ def _update_rows_triton(rows: torch.Tensor, features: int, grad3: torch.Tensor, 
     dim = weight.shape[1]
     sorted_rows, order, slot, count = presorted if presorted is not None else sort_rows(rows, weight.shape[0])
     n_items = rows.numel()
-    direct = pre_reduce and state.optimizer == "sgd" and weight.dtype == torch.float32
+    # the L2 needs each distinct row's whole sum before it (w is read once per row): the two kernels
+    direct = pre_reduce and state.optimizer == "sgd" and weight.dtype == torch.float32 and not state.l2
     acc = weight if direct else scratch.get("acc")  # direct SGD needs no sum buffer
     # (not even when `weight` has fewer rows than items: a replica's sums took a 604 MB zero fill a step)
     if not direct and (acc is None or acc.shape[0] < n_items or acc.shape[1] != dim or acc.device != weight.device):
@@ -142,14 +147,16 @@ def _update_rows_triton(rows: torch.Tensor, features: int, grad3: torch.Tensor, 
     warps = max(1, min(4, block_u * block_d // 128))
     kernels.apply_update_kernel[(triton.cdiv(n_items, block_u),)](
         unique_rows, count, acc, weight, state.state1, state.state2, state.hyper, state.eps, state.beta1,
-        state.beta2, D=dim, BLOCK_D=block_d, BLOCK_U=block_u, OPTIMIZER=OPTIMIZERS[state.optimizer],
-        num_warps=warps)
+        state.beta2, float(state.l2), D=dim, BLOCK_D=block_d, BLOCK_U=block_u, OPTIMIZER=OPTIMIZERS[state.optimizer],
+        L2=bool(state.l2), num_warps=warps)
 
 
 def apply_reference(rows: torch.Tensor, grad: torch.Tensor, weight: torch.Tensor, state: RowState) -> None:
-    """The update rule of `apply_update_kernel` in torch: distinct `rows` [U], summed grad [U, D] fp32."""
+    """The update rule of `apply_update_kernel` in torch: distinct `rows` [U], summed grad [U, D] fp32
+    (plus the L2 on those rows: `regularize`)."""
     lr = state.hyper[0]
     w = weight[rows].float()
+    grad = regularized(grad, w, state.l2)
     if state.optimizer == "sgd":
         w = w - lr * grad
     elif state.optimizer == "rowwise_adagrad":

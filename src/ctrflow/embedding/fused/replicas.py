@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ctrflow.embedding.fused import ops
+from ctrflow.embedding.regularize import regularized
 from ctrflow.embedding.fused.collection import FusedEmbeddingCollection
 
 
@@ -47,15 +48,16 @@ def replicated_grad(ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor
 
 
 def needs_counts(replica: FusedEmbeddingCollection) -> bool:
-    """Whether the update needs the touch counts (all but SGD on fp32 replicas, which adds zero to
-    untouched rows anyway)."""
-    return not (replica.row_state.optimizer == "sgd" and replica.weight.dtype == torch.float32)
+    """Whether the update needs the touch counts (all but SGD on fp32 replicas without the L2, which
+    adds zero to untouched rows anyway)."""
+    st = replica.row_state
+    return not (st.optimizer == "sgd" and replica.weight.dtype == torch.float32 and not st.l2)
 
 
 @torch.no_grad()
 def apply_replicated(acc: torch.Tensor, replica: FusedEmbeddingCollection, world: int) -> None:
-    """One optimizer step of the replica from the all-reduced `acc`: gradient = sum / world on the
-    rows some rank touched (the fused kernels' rules: SGD, row-wise Adagrad, lazy Adam)."""
+    """One optimizer step of the replica from the all-reduced `acc`: gradient = sum / world (+ the L2,
+    `regularize`) on the rows some rank touched (the fused kernels' rules: SGD, row-wise Adagrad, lazy Adam)."""
     st, weight = replica.row_state, replica.weight
     rows, dim = weight.shape
     sums = acc[:rows * dim].view(rows, dim)
@@ -63,9 +65,9 @@ def apply_replicated(acc: torch.Tensor, replica: FusedEmbeddingCollection, world
         weight.addcmul_(sums, st.hyper[0], value=-1.0 / world)
         return
     touched = acc[rows * dim:] > 0  # [R]
-    grad = sums / world
     lr = st.hyper[0]
     w = weight.float()
+    grad = regularized(sums / world, w, st.l2)  # untouched rows' results are discarded below
     if st.optimizer == "sgd":
         new = w - lr * grad
     elif st.optimizer == "rowwise_adagrad":
