@@ -2,7 +2,7 @@
 position and RNG, written atomically with sha256 checksums.
 
 Layout of a checkpoint directory `CKPT/`:
-    schema.json  config.json  metrics.jsonl  latest        (`latest` holds e.g. "step_00000097")
+    schema.json  config.json  metrics.jsonl  latest  best   (each holds a step name, e.g. "step_00000097")
     step_00000097/  dense.pt  optimizer.pt  rng.pt  schema.json  meta.json
                     tables/<path>.<table>.pt  table_state/<table>.<key>.pt   (`ctrflow.checkpoint.tables`)
 `dense.pt` holds the dense weights; `optimizer.pt` the dense optimizer's state and the sparse one's
@@ -11,6 +11,9 @@ one at a time so rank 0 never holds the whole model (format 2). `meta.json` reco
 batch index, the model's name and architecture, the config asked for, the config resolved (every
 `auto` as the run chose it) and the run plan, the table files and each file's sha256. A step
 directory is written under a temporary name and renamed when complete.
+`latest` names the last step written (what `--resume` continues from); `best` the step of the best
+validation AUC so far (what evaluate, export and predict read by default; never pruned), when the run
+validated. `resolve_checkpoint(CKPT)` gives the best, `resolve_checkpoint(CKPT, pick="last")` the last.
 Format 1 (one `model.pt` with every table, one `optimizer.pt` with every table's state) still reads.
 """
 
@@ -144,8 +147,9 @@ def sha256(path: Path) -> str:
 
 def save_checkpoint(out: str | Path, model: nn.Module, optimizers: Optimizers, position: dict[str, int],
                     config: TrainConfig, schema: Schema, runtime: Runtime, metrics: dict | None = None,
-                    run: dict[str, Any] | None = None) -> Path:
-    """Write `out/step_<step>/` atomically and point `out/latest` at it; returns the step directory.
+                    run: dict[str, Any] | None = None, best: bool = False) -> Path:
+    """Write `out/step_<step>/` atomically and point `out/latest` (and, with `best`, `out/best`) at
+    it; returns the step directory.
 
     `position` is {"step", "epoch", "batch"}: the next step resumes at global batch `batch` of
     `epoch`. `run`: the run's record (`ctrflow.train.build.run_record`): its `resolved` config and
@@ -178,6 +182,8 @@ def save_checkpoint(out: str | Path, model: nn.Module, optimizers: Optimizers, p
             shutil.rmtree(final)
         os.replace(tmp, final)
         _write_atomic(out / "latest", final.name + "\n")
+        if best:
+            _write_atomic(out / BEST, final.name + "\n")
         _prune(out, config.keep_checkpoints)
     if runtime.distributed:  # every rank waits until the step directory is complete
         dist.barrier()
@@ -197,23 +203,41 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def _prune(out: Path, keep: int) -> None:
-    steps = sorted(p for p in out.glob("step_*") if p.is_dir())
+    """Remove all but the newest `keep` step directories, and never the best one."""
+    best = out / BEST
+    kept = best.read_text().strip() if best.exists() else None
+    steps = sorted(p for p in out.glob("step_*") if p.is_dir() and p.name != kept)
     for old in steps[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
-    """The step directory `path` means: itself, or the one its `latest` file names."""
+BEST, LAST = "best", "last"  # `resolve_checkpoint`'s picks of a run directory
+
+
+def resolve_checkpoint(path: str | Path, pick: str = BEST) -> Path:
+    """The step directory `path` means: itself, or in a run directory the one its `best` file names
+    (`pick="best"`; the `latest` one when the run never validated) or its `latest` (`pick="last"`)."""
     path = Path(path)
     if (path / "meta.json").exists():
         return path
-    latest = path / "latest"
-    if latest.exists():
-        step_dir = path / latest.read_text().strip()
-        if (step_dir / "meta.json").exists():
-            return step_dir
-        raise UserError(f"{latest}: names {step_dir.name}, which is missing or incomplete")
+    for name in ((BEST, "latest") if pick == BEST else ("latest",)):
+        pointer = path / name
+        if pointer.exists():
+            step_dir = path / pointer.read_text().strip()
+            if (step_dir / "meta.json").exists():
+                return step_dir
+            raise UserError(f"{pointer}: names {step_dir.name}, which is missing or incomplete")
     raise UserError(f"{path}: not a ctrflow checkpoint (no meta.json or latest)")
+
+
+def best_step(out: str | Path) -> dict[str, Any] | None:
+    """`{"checkpoint", "step", "auc"}` of a run directory's best step, or None when it has none."""
+    pointer = Path(out) / BEST
+    if not pointer.exists():
+        return None
+    step_dir = Path(out) / pointer.read_text().strip()
+    meta = json.loads((step_dir / "meta.json").read_text())
+    return {"checkpoint": str(step_dir), "step": meta["step"], "auc": meta.get("metrics", {}).get("auc")}
 
 
 def read_meta(step_dir: Path, verify: bool = True, share: tuple[int, int] = (0, 1)) -> dict[str, Any]:

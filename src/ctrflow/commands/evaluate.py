@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 
+from ctrflow.commands.checkpoint_flags import add_checkpoint_flags, chosen_checkpoint
 from ctrflow.tracking import add_tracking_flags, tracker_from_args
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Flags of the evaluate step."""
     parser.add_argument("--data", required=True, help="processed data directory (`ctrflow preprocess --out`)")
-    parser.add_argument("--checkpoint", required=True, help="checkpoint directory (`ctrflow train --out`)")
+    add_checkpoint_flags(parser)
     parser.add_argument("--out", required=True, help="directory for metrics.json, roc.png, calibration.png")
     parser.add_argument("--split", default="valid", help="split of --data to score (default: valid)")
     parser.add_argument("--batch-size", type=int, default=16384, help="rows scored at once")
@@ -26,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from ctrflow.evaluate import evaluate
 
     with tracker_from_args(args, "evaluate") as tracker:
-        metrics = evaluate(args.data, args.checkpoint, args.out, split=args.split,
+        metrics = evaluate(args.data, chosen_checkpoint(args), args.out, split=args.split,
                            batch_size=args.batch_size, bins=args.bins, device=args.device,
                            tracker=tracker)
     headline = {k: metrics[k] for k in ("auc", "logloss", "rows", "mean_prediction", "observed_ctr")}

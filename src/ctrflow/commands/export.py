@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
+from ctrflow.commands.checkpoint_flags import add_checkpoint_flags, chosen_checkpoint
 from ctrflow.tracking import add_tracking_flags, tracker_from_args
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Flags of the export step."""
-    parser.add_argument("--checkpoint", required=True, help="checkpoint directory (`ctrflow train --out`)")
+    add_checkpoint_flags(parser)
     parser.add_argument("--data", required=True, help="processed data directory: vocabularies and held-out rows")
     parser.add_argument("--out", required=True, help="Triton model repository to write into")
     parser.add_argument("--name", default="ctr", help="ensemble name; its parts are NAME_preprocess, NAME_model")
@@ -33,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from ctrflow.export import export
 
     with tracker_from_args(args, "export") as tracker:
-        summary = export(args.checkpoint, args.data, args.out, args.name, backend=args.backend,
+        summary = export(chosen_checkpoint(args), args.data, args.out, args.name, backend=args.backend,
                          max_batch_size=args.max_batch_size, instance_kind=args.instance_kind,
                          validation_rows=args.validation_rows, metrics=args.metrics, tracker=tracker)
     print(json.dumps(summary))

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 
+from ctrflow.commands.checkpoint_flags import add_checkpoint_flags, chosen_checkpoint
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Flags of the predict step."""
-    parser.add_argument("--checkpoint", required=True, help="checkpoint directory (`ctrflow train --out`)")
+    add_checkpoint_flags(parser)
     parser.add_argument("--data", required=True, help="processed data directory holding the vocabularies")
     parser.add_argument("--input", required=True, nargs="+", metavar="FILE",
                         help="raw files in the format of the dataset description --data was preprocessed "
@@ -22,6 +24,6 @@ def run(args: argparse.Namespace) -> int:
     """Score the inputs and print a one-line JSON summary."""
     from ctrflow.predict import predict
 
-    summary = predict(args.checkpoint, args.data, args.input, args.out, batch_size=args.batch_size)
+    summary = predict(chosen_checkpoint(args), args.data, args.input, args.out, batch_size=args.batch_size)
     print(json.dumps(summary))
     return 0

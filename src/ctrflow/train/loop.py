@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import random
 from functools import partial
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from ctrflow.errors import UserError
 from ctrflow.models import build_model
 from ctrflow.tracking import NullTracker, Tracker
 from ctrflow import checkpoint
+from ctrflow.train.best import BestCheckpoint
 from ctrflow.train.build import Built, RunPlan, build, plan_run, run_record, tracked_params
 from ctrflow.train.dense_average import DenseAverage
 from ctrflow.train.distributed import Runtime, close_runtime, init_runtime, print0
@@ -61,6 +62,7 @@ class Session:
     total_steps: int
     plan: RunPlan = RunPlan()  # every choice of the run, resolved
     average: DenseAverage | None = None  # N processes, graphed step: the step averages the dense gradients
+    best: BestCheckpoint = field(default_factory=BestCheckpoint)  # best validation so far, early stopping
     step: int = 0
     epoch: int = 0
     batch: int = 0
@@ -109,6 +111,7 @@ def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
         tracker.log_params(tracked_params(config, plan))  # the resolved choices, never "auto"
         tracker.log_artifact(out / "config.json")
         tracker.set_tags({"schema.vocab_hash": schema.vocab_hash, "model": config.model.name})
+    session.best = BestCheckpoint.start(out, config.early_stopping, bool(config.resume), runtime.is_main)
     _announce(session, built)
     return session
 
@@ -199,7 +202,7 @@ def _resident_device(dataset: ParquetDataset, runtime: Runtime) -> torch.device 
 
 def _resume(s: Session) -> Path:
     """Restore weights, optimizer state, RNG and position; returns the old metrics.jsonl."""
-    step_dir = checkpoint.resolve_checkpoint(s.config.resume)
+    step_dir = checkpoint.resolve_checkpoint(s.config.resume, pick=checkpoint.LAST)
     checkpoint.check_schema(Schema.load(step_dir / "schema.json"), s.schema, f"{s.config.data.path}/schema.json")
     trained = checkpoint.read_meta(step_dir, verify=False)["model"]
     wanted = checkpoint.model_meta(s.config)
@@ -220,7 +223,7 @@ def _fit(s: Session) -> dict[str, Any]:
     step = partial(train_step, average=s.average) if s.average is not None else train_step
     step_fn = GraphedStep(step) if s.plan.cuda_graphs else step
     try:
-        while s.step < s.total_steps and s.epoch < cfg.epochs:
+        while s.step < s.total_steps and s.epoch < cfg.epochs and not s.best.stop:
             for batch in s.train_loader.batches(s.epoch, start=s.batch):
                 s.optimizers.set_lr_factor(lr_factor(s.step, cfg.optim, s.total_steps))
                 log.add(step_fn(s.model, batch, s.optimizers, s.runtime.device, s.amp))
@@ -230,7 +233,7 @@ def _fit(s: Session) -> dict[str, Any]:
                     s.epoch, s.batch = s.epoch + 1, 0
                 last = epoch_end or s.step >= s.total_steps
                 valid = _periodic(s, log, done, last) or valid
-                if s.step >= s.total_steps:
+                if s.step >= s.total_steps or s.best.stop:
                     break
     finally:
         log.close()
@@ -268,20 +271,25 @@ def _periodic(s: Session, log: ProgressLog, done: dict[str, int], last: bool) ->
     lr = s.optimizers.base_lrs[0] * lr_factor(step - 1, cfg.optim, s.total_steps)
     evaluate = s.valid_loader is not None and (last or (cfg.eval_every and step % cfg.eval_every == 0))
     save = last or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
-    valid = None
+    valid, best = None, False
     if evaluate:
         log.pause()
         valid = validate(s.model, s.valid_loader, s.runtime, s.amp)
         log.resume()
         done["eval"] = step
-        print0(f"step {step}: valid auc {valid['auc']:.4f} logloss {valid['logloss']:.4f}")
+        best = s.best.offer(step, valid["auc"])  # the best is written now, whatever checkpoint_every says
+        save = save or best or s.best.stop
+        print0(f"step {step}: valid auc {valid['auc']:.4f} logloss {valid['logloss']:.4f}"
+               + (" (best so far)" if best else f" (best {s.best.auc:.4f} at step {s.best.step})")
+               + (f"; early stopping: {s.best.since} validations without improvement" if s.best.stop else ""))
     if evaluate or (cfg.log_every and step % cfg.log_every == 0):
         log.report(step, lr, {"auc": valid["auc"], "valid_logloss": valid["logloss"]} if valid else None)
     if save:
         log.check_finite(step)  # never checkpoint weights a NaN has reached
         log.pause()
         checkpoint.save_checkpoint(s.out, s.model, s.optimizers, {"step": step, "epoch": s.epoch, "batch": s.batch},
-                                   cfg, s.schema, s.runtime, metrics=valid or {}, run=run_record(cfg, s.plan))
+                                   cfg, s.schema, s.runtime, metrics=valid or {}, run=run_record(cfg, s.plan),
+                                   best=best)
         log.resume()
         done["ckpt"] = step
     return valid
@@ -296,11 +304,17 @@ def _finish(s: Session, log: ProgressLog, valid: dict[str, float], done: dict[st
         done["ckpt"] = s.step
     summary = {"step": s.step, "epoch": s.epoch, "loss": log.last.get("loss"),
                "samples_per_s": log.throughput(s.step), "checkpoint": str(s.out / f"step_{done['ckpt']:08d}"),
-               **{f"valid_{k}": v for k, v in valid.items()}}
+               **{f"valid_{k}": v for k, v in valid.items()}, **s.best.summary(s.out),
+               "early_stopped": s.best.stop}
     if s.runtime.is_main:
         (s.out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         s.tracker.log_metrics({k: v for k, v in summary.items() if isinstance(v, float)}, step=s.step)
+        if "best_step" in summary:
+            s.tracker.log_metrics({"best_step": float(summary["best_step"])}, step=s.step)
+            s.tracker.set_tags({"best_checkpoint": summary["best_checkpoint"], "best_step": str(summary["best_step"])})
         s.tracker.log_artifact(s.out / "metrics.jsonl")
-    print0(f"ctrflow train: {s.step} steps, loss {summary['loss']}, valid auc {valid.get('auc')}, "
-           f"checkpoint {summary['checkpoint']}")
+    best = (f", best valid auc {summary['best_valid_auc']:.4f} at step {summary['best_step']} "
+            f"({summary['best_checkpoint']}: evaluate/export/predict read it)" if "best_step" in summary else "")
+    print0(f"ctrflow train: {s.step} steps{' (early stopping)' if s.best.stop else ''}, loss {summary['loss']}, "
+           f"valid auc {valid.get('auc')}, checkpoint {summary['checkpoint']}{best}")
     return summary
