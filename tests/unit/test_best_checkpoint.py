@@ -32,15 +32,18 @@ def validations(out: Path) -> list[tuple[int, float]]:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """(processed data, a 3-epoch run keeping 1 checkpoint, its validations)."""
+    """(raw days, processed data, a 3-epoch run keeping 1 checkpoint, its validations, its MLflow store)."""
     raw, data = processed_data(tmp_path_factory)
-    out = tmp_path_factory.mktemp("best") / "run"
-    train(data, out, "--epochs", "3", "--keep-checkpoints", "1")
-    return raw, data, out, validations(out)
+    root = tmp_path_factory.mktemp("best")
+    out, store = root / "run", f"sqlite:///{root}/mlflow.db"
+    train(data, out, "--epochs", "3", "--keep-checkpoints", "1", "--tracking-uri", store)
+    return raw, data, out, validations(out), store
 
 
-def test_the_best_validation_is_kept_beside_the_last_and_summarized(run, capsys):
-    _, _, out, seen = run
+def test_the_best_validation_is_kept_beside_the_last_and_summarized(run):
+    import mlflow
+
+    _, _, out, seen, store = run
     best_step, best_auc = max(seen, key=lambda v: v[1])
     last_step = seen[-1][0]
     assert best_step != last_step  # the setting above makes the last validation a worse one
@@ -51,10 +54,15 @@ def test_the_best_validation_is_kept_beside_the_last_and_summarized(run, capsys)
     summary = json.loads((out / "train_summary.json").read_text())
     assert (summary["best_step"], summary["best_valid_auc"]) == (best_step, best_auc)
     assert summary["best_checkpoint"].endswith(f"step_{best_step:08d}") and summary["early_stopped"] is False
+    [tracked] = mlflow.MlflowClient(store).search_runs(
+        [mlflow.MlflowClient(store).get_experiment_by_name("ctrflow").experiment_id])
+    assert tracked.data.metrics["best_valid_auc"] == pytest.approx(best_auc)
+    assert tracked.data.metrics["best_step"] == best_step
+    assert tracked.data.tags["best_checkpoint"] == summary["best_checkpoint"]
 
 
 def test_evaluate_reads_the_best_and_last_on_request(run, tmp_path, capsys):
-    _, data, out, seen = run
+    _, data, out, seen, _ = run
     best_auc, last_auc = max(a for _, a in seen), seen[-1][1]
     capsys.readouterr()
     assert main(["evaluate", "--data", str(data), "--checkpoint", str(out), "--out", str(tmp_path / "e"),
@@ -66,7 +74,7 @@ def test_evaluate_reads_the_best_and_last_on_request(run, tmp_path, capsys):
 
 
 def test_export_and_predict_read_the_best(run, tmp_path, capsys):
-    raw, data, out, seen = run
+    raw, data, out, _, _ = run
     best_dir = out / (out / "best").read_text().strip()
     assert main(["export", "--checkpoint", str(out), "--data", str(data), "--out", str(tmp_path / "repo"),
                  "--backend", "python", "--validation-rows", "64", "--tracking-uri", "none"]) == 0
@@ -85,7 +93,7 @@ def test_export_and_predict_read_the_best(run, tmp_path, capsys):
 
 def test_early_stopping_stops_after_n_validations_without_improvement_and_resume_takes_the_last(run, tmp_path,
                                                                                                capsys):
-    _, data, _, _ = run
+    data = run[1]
     out = tmp_path / "stopped"
     train(data, out, "--epochs", "20", "--early-stopping", "2")
     seen = validations(out)
