@@ -13,7 +13,8 @@ def train(data: Input[Dataset], checkpoint: Output[Model], model: str = "dlrm", 
           parent_run_id: str = "", kfp_run_id: str = ""):
     """Train `model` on `data` into `checkpoint`. Zero for batch_size, embedding_dim, learning_rate
     or max_steps means the step's own default (no limit for max_steps). Metadata: model, steps,
-    final loss and validation AUC."""
+    final loss and validation AUC, and the best validation's AUC and step (the checkpoint that the
+    evaluate and export components read)."""
     import json
     import subprocess
     import sys
@@ -36,6 +37,9 @@ def train(data: Input[Dataset], checkpoint: Output[Model], model: str = "dlrm", 
     records = [json.loads(line) for line in (Path(checkpoint.path) / "metrics.jsonl").read_text().splitlines()
                if line.strip()]
     evaluated = [r for r in records if r.get("auc") is not None]
+    summary = json.loads((Path(checkpoint.path) / "train_summary.json").read_text())
+    # the checkpoint directory's best step is what the evaluate and export components read
     checkpoint.metadata.update(model=model, num_gpus=num_gpus, steps=records[-1]["step"] if records else 0,
                                loss=records[-1].get("loss") if records else None,
-                               valid_auc=evaluated[-1]["auc"] if evaluated else None)
+                               valid_auc=evaluated[-1]["auc"] if evaluated else None,
+                               best_valid_auc=summary.get("best_valid_auc"), best_step=summary.get("best_step"))

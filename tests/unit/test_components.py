@@ -72,9 +72,11 @@ def test_raw_data_and_preprocess_describe_their_data(chain):
 
 def test_train_evaluate_export_report_model_and_auc(chain):
     assert chain["checkpoint"].metadata["steps"] == 4 and chain["checkpoint"].metadata["model"] == "dlrm"
+    assert chain["checkpoint"].metadata["best_valid_auc"] >= chain["checkpoint"].metadata["valid_auc"]
     auc = chain["metrics"].metadata["auc"]
     saved = json.loads(Path(chain["report"].path, "metrics.json").read_text())
     assert auc == saved["auc"] and 0.0 <= auc <= 1.0 and chain["metrics"].metadata["rows"] == 3000
+    assert auc == pytest.approx(chain["checkpoint"].metadata["best_valid_auc"], abs=1e-6)  # evaluate read the best
     repo = chain["repository"]
     assert repo.metadata["name"] == "tiny" and repo.metadata["max_abs_diff"] <= 1e-5
     assert Path(repo.path, "tiny", "config.pbtxt").exists()
