@@ -111,3 +111,14 @@ def test_early_stopping_stops_after_n_validations_without_improvement_and_resume
     last = summary["step"]
     assert f"resumed from {out / f'step_{last:08d}'} at step {last}" in capsys.readouterr().out
     assert json.loads((more / "train_summary.json").read_text())["step"] == summary["step"] + 3
+
+
+def test_a_nan_auc_is_never_the_best_and_patience_counts_validations_without_improvement():
+    from ctrflow.train.best import BestCheckpoint
+
+    best = BestCheckpoint(patience=2)
+    assert not best.offer(1, float("nan")) and best.note(False) == "" and not best.stop  # one class only
+    assert best.offer(2, 0.6) and best.offer(3, 0.61)
+    assert not best.offer(4, 0.61) and not best.stop  # equal is no improvement
+    assert not best.offer(5, 0.5) and best.stop and (best.step, best.auc) == (3, 0.61)
+    assert best.note(False) == " (best 0.6100 at step 3); early stopping: 2 validations without improvement"

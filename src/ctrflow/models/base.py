@@ -43,6 +43,9 @@ class RankingModel(nn.Module):
     over_arch: MLP
     linear_embeddings: EmbeddingCollection | None
     linear_dense: nn.Linear | None
+    # True where the embeddings reach the output only through products of each other (DLRM without dense
+    # features): near zero their gradients vanish with them, and the embedding L2 would hold them there
+    products_only: bool = False
 
     def __init__(self, features: Features, embedding_dim: int, seed: int = 0,
                  embedding_init_scale: float = EMBEDDING_INIT_SCALE):

@@ -25,6 +25,7 @@ class DLRM(RankingModel):
         if has_dense:
             self.dense_arch = MLP(features.num_dense, [*bottom_mlp, embedding_dim])
         tables = len(features.sparse)
+        self.products_only = not has_dense  # the T embeddings' dot products alone reach the over arch
         self.interaction = DotInteraction(tables + has_dense, embedding_dim, dense=has_dense)
         pad = self.interaction.pad  # drawn as the unpadded layer, then zero columns appended
         self.over_arch = MLP(self.interaction.out_features - pad, [*top_mlp, 1], last_activation=False,

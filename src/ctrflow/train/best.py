@@ -55,6 +55,15 @@ class BestCheckpoint:
         """Whether early stopping ends the run now."""
         return self.patience > 0 and self.since >= self.patience
 
+    def note(self, improved: bool) -> str:
+        """What the last `offer` meant, for the validation's line: best so far, or the best's AUC and
+        step, and early stopping when it ends the run."""
+        text = " (best so far)" if improved else (
+            f" (best {self.auc:.4f} at step {self.step})" if self.auc is not None else "")
+        if self.stop:
+            text += f"; early stopping: {self.since} validations without improvement"
+        return text
+
     def summary(self, out: Path) -> dict[str, Any]:
         """`best_step`, `best_valid_auc`, `best_checkpoint` for the run's summary (empty: never validated)."""
         if self.step is None:

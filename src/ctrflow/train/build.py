@@ -33,7 +33,7 @@ models whose tables they made themselves (a fused or sharded collection is left 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
 import torch
@@ -155,7 +155,14 @@ def plan_run(config: TrainConfig, runtime: Runtime, model: RankingModel, loader:
         compile=compile_scope(model) if compiled else "off", autocast="bf16" if amp is not None else "fp32",
         fp8=Fp8Plan() if config.precision == "fp8" else None, align_linear=runtime.device.type == "cuda",
         exchange_in_place=(runtime.distributed and fused and static and type(model.interaction) is DotInteraction),
-        loader=loader, optim=config.optim)
+        loader=loader, optim=_resolved_optim(config.optim, model))
+
+
+def _resolved_optim(optim: OptimConfig, model: RankingModel) -> OptimConfig:
+    """`optim` as the run applies it: no embedding L2 where the embeddings reach the output only through
+    products of each other (`RankingModel.products_only`): DLRM without dense features on 200,000
+    movielens-like rows validated at AUC 0.50 with it (the L2 held every table at zero), 0.77 without."""
+    return replace(optim, embedding_l2=0.0) if model.products_only and optim.embedding_l2 else optim
 
 
 def _plan_sharding(config: TrainConfig, runtime: Runtime, model: RankingModel, fused: bool) -> ShardingPlan:
@@ -226,6 +233,7 @@ def resolved_config(config: TrainConfig, plan: RunPlan) -> dict[str, Any]:
                compile=plan.compile)
     out["data"]["loader"] = plan.loader.split(" ")[0] if plan.loader else config.data.loader
     out["optim"]["sparse"] = _counted(plan.sparse_kinds.values())
+    out["optim"]["embedding_l2"] = plan.optim.embedding_l2  # 0 where the model's embeddings meet only each other
     return out
 
 

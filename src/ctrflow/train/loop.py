@@ -130,7 +130,7 @@ def _build(config: TrainConfig, runtime: Runtime, schema: Schema, loader: str) -
     built = build(model, plan, runtime)
     plan = replace(plan, exchange_in_place=built.changes["exchange_in_place"])  # what build could apply
     tables = FusedTables(built.fused, config.optim.sparse) if plan.embedding == "fused" else None
-    return build_optimizers(built.model, config.optim, tables), plan, built
+    return build_optimizers(built.model, plan.optim, tables), plan, built
 
 
 def _announce(s: Session, built: Built) -> None:
@@ -279,9 +279,7 @@ def _periodic(s: Session, log: ProgressLog, done: dict[str, int], last: bool) ->
         done["eval"] = step
         best = s.best.offer(step, valid["auc"])  # the best is written now, whatever checkpoint_every says
         save = save or best or s.best.stop
-        print0(f"step {step}: valid auc {valid['auc']:.4f} logloss {valid['logloss']:.4f}"
-               + (" (best so far)" if best else f" (best {s.best.auc:.4f} at step {s.best.step})")
-               + (f"; early stopping: {s.best.since} validations without improvement" if s.best.stop else ""))
+        print0(f"step {step}: valid auc {valid['auc']:.4f} logloss {valid['logloss']:.4f}{s.best.note(best)}")
     if evaluate or (cfg.log_every and step % cfg.log_every == 0):
         log.report(step, lr, {"auc": valid["auc"], "valid_logloss": valid["logloss"]} if valid else None)
     if save:
