@@ -144,7 +144,8 @@ def build_loop_path(args, arch: dict, sizes: list[int], device: torch.device, op
     model = build_model(args.model, Features.categorical([1] * len(SPARSE), 13), args.dim, **arch)
     model.embeddings = fast_tables(args, sizes, device, optim, options)
     sparse = {"rowwise_adagrad": "adagrad", "adam": "lazy_adam"}.get(optim[2], optim[2])
-    cfg = OptimConfig(dense="adam", lr=optim[1] if optim[0] == "adam" else 1e-3, sparse=sparse, sparse_lr=optim[3])
+    cfg = OptimConfig(dense="adam", lr=optim[1] if optim[0] == "adam" else 1e-3, sparse=sparse, sparse_lr=optim[3],
+                      embedding_l2=getattr(args, "embedding_l2", 0.0))
     config = TrainConfig(model=ModelConfig(name=args.model, embedding_dim=args.dim), optim=cfg, embedding="fused",
                          precision="fp8" if options & FP8 else "auto", compile="off" if "nocompile" in options else "auto")
     runtime = Runtime(0, 1, device.index or 0, device)
@@ -193,7 +194,7 @@ def fast_tables(args, sizes: list[int], device: torch.device, optim: tuple,
     return FusedEmbeddingCollection(
         tables_for(Features.categorical(dict(zip(list(SPARSE), sizes))).sparse, args.dim), seed=0,
         optimizer=optim[2], lr=optim[3], device=device, output_dtype=out_dtype, storage_dtype=storage,
-        check_ids=False, pre_reduce=not args.no_pre_reduce)
+        check_ids=False, pre_reduce=not args.no_pre_reduce, l2=getattr(args, "embedding_l2", 0.0))
 
 
 def fp8_plan(args, options: set[str]) -> Fp8Plan | None:

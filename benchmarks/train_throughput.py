@@ -210,6 +210,8 @@ def parse(argv=None):
                    "on other batches; AUCs and differences averaged (compare_quality)")
     p.add_argument("--no-align", action="store_true", help="keep Linear inputs of odd widths (13, 479)")
     p.add_argument("--no-pre-reduce", action="store_true", help="one atomic row per position in backward")
+    p.add_argument("--embedding-l2", type=float, default=0.0,
+                   help="the fused tables' embedding L2 (`ctrflow train`'s default is 1e-2; MLPerf's preset 0)")
     p.add_argument("--compile-mode", default=None, help="torch.compile mode, e.g. max-autotune-no-cudagraphs")
     p.add_argument("--profile", default="", help="folder for per-kernel time tables of each path")
     p.add_argument("--small", action="store_true", help="tiny tables, dim 16, batch 512: seconds on a CPU")
