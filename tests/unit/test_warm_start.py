@@ -25,8 +25,9 @@ from ctrflow.preprocess.run import preprocess
 from ctrflow.schema import Schema
 from ctrflow.train.lineage import check_descendant
 from ctrflow.train.loop import train
-from table_fixtures import read_split
-from train_fixtures import one_thread  # noqa: F401 (autouse fixture)
+from tests.fixtures.tables import read_split
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
