@@ -26,6 +26,7 @@ from ctrflow.schema import Schema
 from ctrflow.train.lineage import check_descendant
 from ctrflow.train.loop import train
 from tests.fixtures.tables import read_split
+from tests.fixtures.training import write_processed
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests/conftest.py)
 
@@ -167,3 +168,29 @@ def test_another_architecture_or_no_checkpoint_is_one_line(days, tmp_path, capsy
 def test_init_from_is_a_config_field_and_a_flag(tmp_path, capsys):
     assert main(["train", "--data", "d", "--out", "o", "--init-from", "ckpt", "--print-config"]) == 0
     assert "init_from: ckpt" in capsys.readouterr().out
+
+
+def test_checkpoint_of_another_dataset_description_is_one_line_naming_the_difference(days, tmp_path, capsys):
+    # the same day described with mean-pooled genres of 3 at most: another model input, refused before training
+    description = days["raw"] / "movielens.yaml"
+    other = tmp_path / "mean.yaml"
+    other.write_text(description.read_text().replace("max_length: 4, pooling: sum", "max_length: 3, pooling: mean"))
+    data = tmp_path / "d1_mean"
+    preprocess([str(days["raw"] / "day_1.csv")], [str(days["raw"] / "day_0.csv")], data, dataset=str(other),
+               workers=1)
+    code = main(["train", "--data", str(data), "--out", str(tmp_path / "a"), "--init-from", str(days["k0"]),
+                 "--model", "dlrm", "--embedding-dim", "16", "--batch-size", "512", "--max-steps", "0", "--no-progress",
+                 "--tracking-uri", "none"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "--init-from" in err and "genres max_length 4 != 3" in err and "genres pooling sum != mean" in err
+    # Criteo's columns: none of the checkpoint's features, each side named
+    criteo = write_processed(tmp_path / "criteo", train_rows=600, valid_rows=64, parts=1)
+    code = main(["train", "--data", str(criteo), "--out", str(tmp_path / "b"), "--init-from", str(days["k0"]),
+                 "--model", "dlrm", "--embedding-dim", "16", "--batch-size", "512", "--max-steps", "0", "--no-progress",
+                 "--tracking-uri", "none"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert ("the checkpoint was trained on other features: dense features differ: only in the checkpoint age, price; "
+            "only here I1, I2, I3, I4 (+9 more)") in err
+    assert not (tmp_path / "a").exists() or not any((tmp_path / "a").rglob("*.safetensors"))
