@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> dict:
     r = Run(args)
     r.work.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()[0]
-    synthesize(r.raw, args.rows, args.days + 1, args.seed, drift=args.drift)
+    teacher = synthesize(r.raw, args.rows, args.days + 1, args.seed, drift=args.drift)["teacher_auc"]
     first = r.prep("c0", [0], 1)
     auc0, cost0, ckpt0 = r.fit(first, "c0")
     days = [{"day": 0, "scored_on": 1, "continuous": auc0, "frozen": auc0, "scratch": auc0,
@@ -151,6 +151,8 @@ def run(args: argparse.Namespace) -> dict:
         data, ckpt = grown, new_ckpt
         print(json.dumps({"day": k, **{key: round(days[-1][key], 4) for key in ("continuous", "frozen", "scratch")}}),
               flush=True)
+    for d in days:  # the ceiling: the synthetic teacher's own AUC on the day scored
+        d["teacher"] = teacher[f"day_{d['scored_on']}"]
     return summarize(args, days, (load_before, os.getloadavg()[0]))
 
 
@@ -185,6 +187,8 @@ def plot(result: dict, path: Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for key, style in (("continuous", "o-"), ("scratch", "s--"), ("frozen", "x:")):
         left.plot(scored, [d[key] for d in days], style, label=key)
+    if "teacher" in days[0]:
+        left.plot(scored, [d["teacher"] for d in days], "-", color="gray", linewidth=0.8, label="teacher (ceiling)")
     left.set(xlabel="day scored (trained through the day before)", ylabel="AUC", title="AUC on the next day")
     left.legend()
     later = days[1:]
