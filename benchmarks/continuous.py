@@ -165,7 +165,8 @@ def summarize(args: argparse.Namespace, days: list[dict], load: tuple[float, flo
         total["ratio"] = round(total["continuous"] / total["scratch"], 3)
     checks = {"continuous >= scratch - 0.002 every day": all(d["continuous"] >= d["scratch"] + TARGETS["vs_scratch"]
                                                               for d in later),
-              "continuous seconds <= scratch / 3": totals["seconds"]["ratio"] <= TARGETS["time_share"],
+              "continuous seconds <= scratch / 3 (wall)": totals["seconds"]["ratio"] <= TARGETS["time_share"],
+              "continuous seconds <= scratch / 3 (CPU)": totals["cpu_seconds"]["ratio"] <= TARGETS["time_share"],
               "continuous >= frozen + 0.01 on the last day": later[-1]["continuous"] >= later[-1]["frozen"]
               + TARGETS["vs_frozen_last"]}
     return {"benchmark": "continuous", "dataset": "movielens-like", "rows_per_day": args.rows, "days_trained": args.days,
@@ -193,12 +194,16 @@ def plot(result: dict, path: Path) -> None:
     left.legend()
     later = days[1:]
     x = [d["day"] for d in later]
-    right.bar([i - 0.2 for i in x], [d["continuous_train"]["seconds"] for d in later], 0.4, label="continuous")
-    right.bar([i + 0.2 for i in x], [d["scratch_train"]["seconds"] for d in later], 0.4, label="scratch (days 0..k)")
+    for side, offset in (("continuous", -0.2), ("scratch", 0.2)):
+        right.bar([i + offset for i in x], [d[f"{side}_train"]["seconds"] for d in later], 0.4,
+                  label=f"{side}{' (days 0..k)' if side == 'scratch' else ''}: wall")
+        right.plot([i + offset for i in x], [d[f"{side}_train"]["cpu_seconds"] for d in later], "k_", markersize=14,
+                   label="CPU seconds" if side == "continuous" else None)
     right.set(xlabel="day trained", ylabel="training seconds", title="Training time per day")
     right.legend()
     fig.suptitle(f"{result['model']}, {result['rows_per_day']:,} rows a day, drift {result['drift']}: "
-                 f"continuous / scratch training seconds {result['train']['seconds']['ratio']}")
+                 f"continuous / scratch training seconds {result['train']['seconds']['ratio']} (wall), "
+                 f"{result['train']['cpu_seconds']['ratio']} (CPU)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

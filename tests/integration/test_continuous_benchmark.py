@@ -48,7 +48,7 @@ def test_two_days_print_one_json_line_write_the_plot_and_log_to_mlflow(tmp_path,
         assert d["continuous_train"]["seconds"] > 0 and d["scratch_train"]["seconds"] > 0
     assert days[0]["continuous"] == days[0]["frozen"] == days[0]["scratch"]  # day 0: one model for all three
     assert days[1]["frozen"] != days[1]["continuous"]
-    assert record["met"] == all(record["targets"].values()) and len(record["targets"]) == 3
+    assert record["met"] == all(record["targets"].values()) and len(record["targets"]) == 4
     # the same figures in MLflow: AUCs per day as steps, the JSON and the plot as artifacts
     client = mlflow.MlflowClient(uri)
     experiment = client.get_experiment_by_name("ctrflow-benchmarks")
