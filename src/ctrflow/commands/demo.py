@@ -18,7 +18,7 @@ EXPERIMENT = "ctrflow-demo"
 def configure(parser: argparse.ArgumentParser) -> None:
     """Flags of `ctrflow demo`."""
     parser.add_argument("--out", default="runs/demo", help="folder for data, outputs, MLflow store, logs")
-    parser.add_argument("--rows", type=int, default=200_000, help="synthetic rows per day (default 200000)")
+    parser.add_argument("--rows", type=int, default=200_000, help="synthetic rows per day")
     parser.add_argument("--model", default="dlrm", choices=("dlrm", "dcnv2", "deepfm", "wide_deep"))
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)

@@ -57,6 +57,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for torch (default: torch's choice; 1 is fastest on a busy machine)")
     parser.add_argument("--resume", default=None, metavar="CKPT", help="continue from a checkpoint")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="--out holds a run: remove its checkpoints, latest and metrics.jsonl and start over")
     parser.add_argument("--limit-train-batches", type=int, default=None, help="batches per epoch (smoke runs)")
     parser.add_argument("--limit-eval-batches", type=int, default=None)
     parser.add_argument("--deterministic", action="store_true", help="deterministic kernels (slower)")
@@ -92,7 +94,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                                   warmup_steps=args.warmup_steps, decay_start_step=args.decay_start_step),
         epochs=args.epochs, max_steps=args.max_steps, seed=args.seed, log_every=args.log_every,
         eval_every=args.eval_every, checkpoint_every=args.checkpoint_every, device=args.device, threads=args.threads,
-        resume=args.resume, deterministic=args.deterministic, progress=not args.no_progress,
+        resume=args.resume, overwrite=args.overwrite, deterministic=args.deterministic, progress=not args.no_progress,
         sharding=args.sharding, plan=args.plan, embedding=args.embedding, precision=args.precision,
         cuda_graphs=args.cuda_graphs, compile=args.compile,
     )

@@ -41,6 +41,8 @@ from ctrflow.train.distributed import Runtime, close_runtime, init_runtime, para
 from ctrflow.train.fp8 import apply_fp8
 from ctrflow.train.fused import (FusedTables, apply_fused, autocast_dtype, fused_collections, sharded_options,
                                  swap_interactions, use_fused)
+from ctrflow.train.interrupt import StopSignals, checkpoint_stopped
+from ctrflow.train.out_folder import claim_out
 from ctrflow.train.graphs import GraphedStep, compile_dense, use_compile, use_graphs
 from ctrflow.train.optim import Optimizers, build_optimizers, lr_factor, sparse_memory
 from ctrflow.train.progress import ProgressLog, restart_metrics
@@ -72,15 +74,17 @@ def train(config: TrainConfig, tracker: Tracker | None = None) -> dict[str, Any]
     """Train `config.model` on processed data `config.data.path`, writing checkpoints and
     `metrics.jsonl` under `config.out`; returns a summary (steps, loss, valid auc, ...)."""
     tracker = tracker or NullTracker()
-    runtime = init_runtime(config.device)
-    try:
-        session = _setup(config, tracker, runtime)
-        return _fit(session)
-    finally:
-        close_runtime(runtime)
+    with StopSignals() as stop:  # Ctrl-C / SIGTERM: a checkpoint at the step in flight, then a one-line exit
+        runtime = init_runtime(config.device)
+        try:
+            session = _setup(config, tracker, runtime)
+            return _fit(session, stop)
+        finally:
+            close_runtime(runtime)
 
 
 def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
+    claim_out(config, runtime.is_main)  # before any work: a run already in --out needs --resume or --overwrite
     if config.threads:
         torch.set_num_threads(config.threads)
     if config.deterministic:
@@ -227,13 +231,14 @@ def _resume(s: Session) -> Path:
     return step_dir.parent / "metrics.jsonl"
 
 
-def _fit(s: Session) -> dict[str, Any]:
+def _fit(s: Session, stop: StopSignals) -> dict[str, Any]:
     cfg = s.config
     log = ProgressLog(s.out, s.runtime, s.tracker, cfg.data.batch_size, s.total_steps, s.step, cfg.progress)
     done = {"eval": -1, "ckpt": -1}
     valid: dict[str, float] = {}
     step = partial(train_step, average=s.average) if s.average is not None else train_step
     step_fn = GraphedStep(step) if use_graphs(cfg, s.runtime, s.optimizers) else step
+    stop.defer(s.runtime)  # from the first step on, a signal stops between steps
     try:
         while s.step < s.total_steps and s.epoch < cfg.epochs:
             for batch in s.train_loader.batches(s.epoch, start=s.batch):
@@ -247,6 +252,8 @@ def _fit(s: Session) -> dict[str, Any]:
                 valid = _periodic(s, log, done, last) or valid
                 if s.step >= s.total_steps:
                     break
+                if (signum := stop.requested(s.step)) is not None:
+                    raise checkpoint_stopped(s, log, done, signum)
     finally:
         log.close()
         if isinstance(step_fn, GraphedStep):
