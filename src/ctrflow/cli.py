@@ -80,5 +80,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(module.run(args) or 0)
     except UserError as err:  # one line; a stopped run has its own label and exit code (130, 143)
-        print(f"ctrflow {args.command}: {getattr(err, 'label', 'error')}: {err}", file=sys.stderr)
+        if not getattr(err, "quiet", False):
+            print(f"ctrflow {args.command}: {getattr(err, 'label', 'error')}: {err}", file=sys.stderr)
         return getattr(err, "exit_code", 2)

@@ -3,8 +3,8 @@
 Each export registers a model version whose artifact is an MLflow pyfunc model (`log_pyfunc`): it
 scores a DataFrame of raw Criteo fields with the same code the Triton python models run, and
 carries the Triton repository under `artifacts/triton/`. The export points the `candidate` alias at
-it; `promote` moves `champion` to the candidate only when the candidate's AUC is at least the
-champion's.
+it; `promote` moves `champion` to the candidate only when the candidate's AUC is above chance
+(0.5) and at least the champion's.
 """
 
 from __future__ import annotations
@@ -240,10 +240,27 @@ def version_auc(client: MlflowClient, tracking_uri: str, name: str, version,
     return value
 
 
+CHANCE = 0.5  # the AUC of random scores: a candidate must beat it
+
+
+def judge(candidate: str, candidate_auc: float, champion: str | None, champion_auc: float | None) -> tuple[bool, str]:
+    """The gate on two AUCs: (passed, why). A candidate passes when its AUC is above chance and
+    at least the champion's (a tie passes); the reason names both AUCs."""
+    against = "no champion yet" if champion is None else f"champion version {champion} AUC {champion_auc:.6f}"
+    if not candidate_auc > CHANCE:  # also refuses NaN
+        return False, (f"candidate version {candidate} AUC {candidate_auc:.6f} is not above chance "
+                       f"({CHANCE}); {against}")
+    if champion_auc is None:
+        return True, f"{against}; candidate version {candidate} AUC {candidate_auc:.6f} > chance ({CHANCE})"
+    sign = ">=" if candidate_auc >= champion_auc else "<"
+    return sign == ">=", f"candidate version {candidate} AUC {candidate_auc:.6f} {sign} {against}"
+
+
 def promote(name: str, tracking_uri: str, data: str | os.PathLike | None = None,
             split: str = "valid") -> Promotion:
-    """Move `champion` to the `candidate` version when its AUC >= the champion's (no champion yet:
-    promote); otherwise leave the aliases alone. The verdict says why, with both AUCs."""
+    """Move `champion` to the `candidate` version when its AUC is above chance (0.5) and >= the
+    champion's (no champion yet: above chance suffices); otherwise leave the aliases alone. The
+    verdict says why, with both AUCs."""
     client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
     try:
         client.get_registered_model(name)
@@ -260,15 +277,10 @@ def promote(name: str, tracking_uri: str, data: str | os.PathLike | None = None,
                          reason=f"version {candidate.version} is already the champion")
     candidate_auc = version_auc(client, tracking_uri, name, candidate, data, split)
     champion_auc = None if champion is None else version_auc(client, tracking_uri, name, champion, data, split)
-    where = f" on {data}/{split}" if data is not None else ""
-    if champion_auc is None:
-        reason = f"no champion yet; candidate version {candidate.version} AUC {candidate_auc:.6f}{where}"
-    elif candidate_auc >= champion_auc:
-        reason = (f"candidate version {candidate.version} AUC {candidate_auc:.6f} >= champion version "
-                  f"{champion.version} AUC {champion_auc:.6f}{where}")
-    else:
-        reason = (f"candidate version {candidate.version} AUC {candidate_auc:.6f} < champion version "
-                  f"{champion.version} AUC {champion_auc:.6f}{where}")
+    passed, reason = judge(candidate.version, candidate_auc, None if champion is None else champion.version,
+                           champion_auc)
+    reason += f" on {data}/{split}" if data is not None else ""
+    if not passed:
         return Promotion(promoted=False, candidate_auc=candidate_auc, champion_auc=champion_auc,
                          **verdict, reason=reason)
     client.set_registered_model_alias(name, CHAMPION, candidate.version)

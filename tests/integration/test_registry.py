@@ -78,6 +78,35 @@ def test_promote_moves_champion_only_when_the_candidate_auc_is_not_lower(mlflow_
     assert champion(mlflow_uri) == tie
 
 
+def test_promote_never_makes_a_model_at_or_below_chance_the_champion(mlflow_uri, trained, capsys):
+    ckpt, data, name = trained / "ckpt40", trained / "data", MODEL + "-chance"
+    flags = ["promote", "--model", name, "--tracking-uri", mlflow_uri]
+    client = mlflow.MlflowClient(mlflow_uri)
+
+    for auc in (0.4108, 0.5):  # no champion yet: chance is the bar
+        version = register(mlflow_uri, name, ckpt, data, auc=auc)
+        capsys.readouterr()
+        assert main(flags) == 1
+        assert capsys.readouterr().out == (f"not promoted: candidate version {version} AUC {auc:.6f} is not above "
+                                           f"chance (0.5); no champion yet\n")
+        assert client.get_registered_model(name).aliases.get("champion") is None
+
+    old = register(mlflow_uri, name, ckpt, data, auc=0.45)
+    client.set_registered_model_alias(name, "champion", old)  # e.g. set by hand before the gate existed
+    version = register(mlflow_uri, name, ckpt, data, auc=0.48)  # better than the champion, still below chance
+    capsys.readouterr()
+    assert main(flags) == 1
+    assert capsys.readouterr().out == (f"not promoted: candidate version {version} AUC 0.480000 is not above chance "
+                                       f"(0.5); champion version {old} AUC 0.450000\n")
+    assert champion(mlflow_uri, name) == old
+
+    version = register(mlflow_uri, name, ckpt, data, auc=0.61)
+    capsys.readouterr()
+    assert main(flags) == 0
+    assert capsys.readouterr().out == (f"promoted {name} version {version} to champion: candidate version {version} "
+                                       f"AUC 0.610000 >= champion version {old} AUC 0.450000\n")
+
+
 def test_promote_reads_the_auc_of_the_evaluate_step_of_the_same_pipeline_run(mlflow_uri, trained):
     from ctrflow.registry import log_pyfunc, promote
     from ctrflow.tracking.mlflow_tracker import MlflowTracker
@@ -103,15 +132,15 @@ def test_promote_recomputes_both_aucs_on_the_evaluation_data(mlflow_uri, trained
     data = trained / "data"
     aucs = {n: evaluate(data, trained / f"ckpt{n}", trained / f"eval{n}")["auc"] for n in (2, 40)}
     name = MODEL + "-recompute"
-    register(mlflow_uri, name, trained / "ckpt2", data)
-    assert main(["promote", "--model", name, "--tracking-uri", mlflow_uri, "--data", str(data)]) == 0
+    first = register(mlflow_uri, name, trained / "ckpt2", data)
+    mlflow.MlflowClient(mlflow_uri).set_registered_model_alias(name, "champion", first)  # whatever its AUC
     register(mlflow_uri, name, trained / "ckpt40", data)
 
     verdict = promote(name, mlflow_uri, data=data, split="valid")
 
     assert verdict.candidate_auc == pytest.approx(aucs[40], abs=1e-9)
     assert verdict.champion_auc == pytest.approx(aucs[2], abs=1e-9)
-    assert verdict.promoted == (aucs[40] >= aucs[2])
+    assert verdict.promoted == (aucs[40] > 0.5 and aucs[40] >= aucs[2])
     assert champion(mlflow_uri, name) == (verdict.candidate_version if verdict.promoted else verdict.champion_version)
 
 

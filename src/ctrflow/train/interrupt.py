@@ -32,10 +32,11 @@ class Interrupted(UserError):
     label = "stopped"  # the CLI's prefix instead of "error"
     run_status = "KILLED"  # the tracking run's final status
 
-    def __init__(self, signum: int, message: str):
+    def __init__(self, signum: int, message: str, quiet: bool = False):
         super().__init__(message)
         self.signum = signum
         self.exit_code = 128 + signum
+        self.quiet = quiet  # under torchrun only rank 0 says it: every rank stops the same way
 
 
 class StopSignals:
@@ -94,7 +95,7 @@ class StopSignals:
             return
         self.signum = signum
         if self.runtime.is_main:
-            print(f"\nctrflow train: {name}: stopping after this step and saving a checkpoint "
+            print(f"ctrflow train: {name}: stopping between steps to save a checkpoint "
                   f"(signal again to stop at once, without one)", file=sys.stderr, flush=True)
 
 
@@ -113,7 +114,7 @@ def checkpoint_stopped(s, log, done: dict[str, int], signum: int) -> Interrupted
         done["ckpt"] = s.step
     name = signal.Signals(signum).name
     return Interrupted(signum, f"{name} at step {s.step}; checkpoint {step_dir} written: run the same "
-                               f"command with --resume {s.out} to continue")
+                               f"command with --resume {s.out} to continue", quiet=not s.runtime.is_main)
 
 
 def _main_thread() -> bool:
