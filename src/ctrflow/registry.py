@@ -34,6 +34,7 @@ VOCABULARY = "vocabulary"
 TRITON = "triton"
 RAW_FIELDS = (*DENSE, *SPARSE)
 PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+PYFUNC_CODE = Path(__file__).with_name("registry_pyfunc.py")  # the model's code, copied into each model
 
 
 class RawRowsModel(mlflow.pyfunc.PythonModel):
@@ -76,6 +77,11 @@ def raw_strings(column: pd.Series) -> np.ndarray:
     return np.array([text(v) for v in column.tolist()], dtype=object)
 
 
+def raw_example() -> pd.DataFrame:
+    """The pyfunc's input example: one row with every field missing (a valid request)."""
+    return pd.DataFrame({name: [""] for name in RAW_FIELDS})
+
+
 def raw_signature():
     """The pyfunc's signature: 39 string columns in, `probability` out."""
     from mlflow.models import ModelSignature
@@ -104,7 +110,8 @@ def save_pyfunc(checkpoint: str | os.PathLike, data: str | os.PathLike, out: str
         if repository is not None:  # MLflow names an artifact's folder after its path: stage it as triton/
             artifacts[TRITON] = shutil.copytree(repository, Path(tmp) / TRITON)
         mlflow.pyfunc.save_model(
-            path=str(out), python_model=RawRowsModel(), signature=raw_signature(),
+            # models-from-code: the class is imported on load, never unpickled
+            path=str(out), python_model=str(PYFUNC_CODE), signature=raw_signature(), input_example=raw_example(),
             artifacts={k: str(v) for k, v in artifacts.items()},
             # explicit: inferring them would load the model in a subprocess; ctrflow itself comes
             # from the serving or training image (it is not on PyPI)

@@ -1,0 +1,64 @@
+"""Where a user opens what ctrflow tracked: the MLflow UI command and links that land on the
+model-training views.
+
+MLflow 3's UI opens in its GenAI view unless the link carries `workflowType=machine_learning`
+inside the hash route (or the browser saved that choice earlier): a fresh browser shown a plain run
+link sees "Traces" and no runs. Every link ctrflow prints or records carries it.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+
+ML_VIEW = "workflowType=machine_learning"
+LOCAL_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
+
+
+def experiment_link(experiment_id: str, base: str = "") -> str:
+    """The experiment's run list (relative to the UI, `#/...`, without `base`)."""
+    return _link(f"#/experiments/{experiment_id}", base)
+
+
+def run_link(experiment_id: str, run_id: str, base: str = "") -> str:
+    """A run's overview page."""
+    return _link(f"#/experiments/{experiment_id}/runs/{run_id}", base)
+
+
+def model_link(name: str, version: str | None = None, base: str = "") -> str:
+    """A registered model, or one of its versions."""
+    return _link(f"#/models/{name}" + (f"/versions/{version}" if version else ""), base)
+
+
+def _link(route: str, base: str) -> str:
+    return f"{base}/{route}?{ML_VIEW}" if base else f"{route}?{ML_VIEW}"
+
+
+def ui_base(tracking_uri: str) -> str | None:
+    """The UI's address for a tracking URI: the server itself, or `mlflow ui`'s default for a local
+    store; None when tracking is off."""
+    if tracking_uri.lower() == "none":
+        return None
+    if tracking_uri.startswith(("http://", "https://")):
+        return tracking_uri.rstrip("/")
+    return LOCAL_UI
+
+
+def ui_command(tracking_uri: str) -> str | None:
+    """A shell command that serves the MLflow UI of a local store (None for a server: it has one),
+    runnable as printed: the `mlflow` of this environment by its path, telemetry off."""
+    if tracking_uri.startswith(("http://", "https://")) or tracking_uri.lower() == "none":
+        return None
+    return f"MLFLOW_DISABLE_TELEMETRY=true {mlflow_executable()} ui --backend-store-uri {shlex.quote(tracking_uri)}"
+
+
+def mlflow_executable() -> str:
+    """Shell words that run this environment's `mlflow`: its script by path (relative to the working
+    directory when inside it, e.g. `.venv/bin/mlflow`: no activated venv needed), else `python -m mlflow`."""
+    script = Path(sys.executable).parent / "mlflow"  # the venv's bin/, not the interpreter it links to
+    if not script.exists():
+        return f"{shlex.quote(sys.executable)} -m mlflow"
+    relative = os.path.relpath(script)
+    return shlex.quote(str(script) if relative.startswith("..") else relative)
