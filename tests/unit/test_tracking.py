@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import pytest
@@ -83,9 +85,12 @@ def test_parent_run_links_its_steps_the_model_and_carries_the_plots(store, tmp_p
     assert f"[export](#/experiments/{experiment}/runs/{exported.run_id}{view})" in note
     assert f"[ctr_links version {version}](#/models/ctr_links/versions/{version}{view})" in note
     assert parent.data.tags["ctrflow.registered_model"] == f"ctr_links/{version}"
-    assert parent.data.tags["ctrflow.run.evaluate"] == evaluated.run_id
+    assert note.startswith(f"**ctrflow pipeline run.**\nValidation AUC 0.7512 ([evaluate](#/experiments/{experiment}/")
     assert [a.path for a in client.list_artifacts(parent_id, "evaluate")] == ["evaluate/roc.png"]
-    assert client.get_experiment(experiment).tags["mlflow.experimentKind"] == "custom_model_development"
+    tags = client.get_experiment(experiment).tags
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
+    assert json.loads(tags["mlflow.sharedViewState.ctrflow-runs"])["selectedColumns"] == ["metrics.`auc`",
+                                                                                         "metrics.`logloss`"]
 
 
 def test_register_model_versions_and_candidate_alias(store, tmp_path):

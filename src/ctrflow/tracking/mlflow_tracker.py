@@ -20,6 +20,7 @@ from mlflow.exceptions import MlflowException
 
 from ctrflow.tracking.base import Tracker
 from ctrflow.tracking.pipeline_summary import summarize_pipeline_run
+from ctrflow.tracking.ui import RUNS_VIEW, SHARED_VIEW_TAG, runs_view_state
 
 PARENT_TAG = "mlflow.parentRunId"
 KFP_RUN_TAG = "kfp.run_id"
@@ -108,20 +109,25 @@ def ensure_experiment(client: MlflowClient, uri: str, name: str) -> str:
     """The id of experiment `name`, created if missing (safe when several steps race to it).
 
     With a local SQLite store, artifacts go beside the database file (`<dir>/mlruns`) rather than
-    into whatever directory the step happens to run in.
+    into whatever directory the step happens to run in. Tags: `experiment_tags`.
     """
     found = client.get_experiment_by_name(name)
     if found is not None:
-        if EXPERIMENT_KIND_TAG not in found.tags:  # made elsewhere: mark it, never change a kind already set
-            client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+        for key, value in experiment_tags().items():  # made elsewhere: add what is missing, change nothing set
+            if key not in found.tags:
+                client.set_experiment_tag(found.experiment_id, key, value)
         return found.experiment_id
     try:
-        return client.create_experiment(name, artifact_location=local_artifact_root(uri),
-                                        tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+        return client.create_experiment(name, artifact_location=local_artifact_root(uri), tags=experiment_tags())
     except MlflowException as err:
         if err.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
         return client.get_experiment_by_name(name).experiment_id
+
+
+def experiment_tags() -> dict[str, str]:
+    """Every ctrflow experiment's tags: model training (not GenAI), and the runs view with their AUC."""
+    return {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND, SHARED_VIEW_TAG + RUNS_VIEW: runs_view_state()}
 
 
 def local_artifact_root(uri: str) -> str | None:

@@ -49,23 +49,25 @@ def summary_metrics(children: list) -> dict[str, float]:
 
 
 def describe(experiment_id: str, children: list) -> tuple[str, dict[str, str]]:
-    """(markdown description, tags) of the parent: one link per step run, the registered model."""
+    """(markdown description, tags) of the parent: the headline first (the run page shows the first
+    lines), then one link per step run."""
     children = sorted(children, key=summary_order)
-    lines = ["**ctrflow pipeline run.** Each step logged a run of its own (parameters, metrics, artifacts):", ""]
-    for child in children:
-        step = step_name(child)
-        metric = f" (AUC {child.data.metrics['auc']:.4f})" if "auc" in child.data.metrics else ""
-        lines.append(f"- [{step}]({run_link(experiment_id, child.info.run_id)}){metric}")
-    tags = {f"ctrflow.run.{step_name(c)}": c.info.run_id for c in children}
+    evaluated = next((c for c in children if step_name(c) == "evaluate"), None)
+    lines, tags = ["**ctrflow pipeline run.**"], {}
+    if evaluated is not None and "auc" in evaluated.data.metrics:
+        lines.append(f"Validation AUC {evaluated.data.metrics['auc']:.4f} "
+                     f"([evaluate]({run_link(experiment_id, evaluated.info.run_id)})); ROC and calibration "
+                     f"plots in this run's Artifacts, folder `{PLOTS}/`.")
     registered = next((c.data.tags[MODEL_TAG] for c in children if MODEL_TAG in c.data.tags), None)
-    lines.append("")
     if registered:
         name, version = registered.rsplit("/", 1)
-        lines.append(f"Registered model: [{name} version {version}]({model_link(name, version)}) (alias candidate; "
-                     f"`ctrflow promote --model {name}` makes it champion if its AUC passes the gate).")
+        lines.append(f"Registered model: [{name} version {version}]({model_link(name, version)}) (alias "
+                     f"candidate; `ctrflow promote --model {name}` makes it champion if it passes the AUC gate).")
         tags[MODEL_TAG] = registered
-    if any(step_name(c) == "evaluate" for c in children):
-        lines.append(f"ROC and calibration plots: this run's artifacts, folder `{PLOTS}/`.")
+    lines += ["", "Each step logged a run of its own (parameters, metrics, artifacts):", ""]
+    for child in children:
+        metric = f" (AUC {child.data.metrics['auc']:.4f})" if "auc" in child.data.metrics else ""
+        lines.append(f"- [{step_name(child)}]({run_link(experiment_id, child.info.run_id)}){metric}")
     return "\n".join(lines) + "\n", tags
 
 

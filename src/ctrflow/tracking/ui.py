@@ -3,11 +3,14 @@ model-training views.
 
 MLflow 3's UI opens in its GenAI view unless the link carries `workflowType=machine_learning`
 inside the hash route (or the browser saved that choice earlier): a fresh browser shown a plain run
-link sees "Traces" and no runs. Every link ctrflow prints or records carries it.
+link sees "Traces" and no runs. Every link ctrflow prints or records carries it. Its run list shows
+no metric column until the user picks one; the experiment link opens a shared view (an experiment
+tag MLflow's "Views" menu also lists) whose columns are the runs' `auc` and `logloss`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
@@ -15,11 +18,19 @@ from pathlib import Path
 
 ML_VIEW = "workflowType=machine_learning"
 LOCAL_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
+RUNS_VIEW = "ctrflow-runs"  # the shared view's key
+SHARED_VIEW_TAG = "mlflow.sharedViewState."  # + key: an experiment tag holding a view's JSON state
+
+
+def runs_view_state() -> str:
+    """The shared view's state, as MLflow's UI reads it: newest runs first, AUC and logloss as columns."""
+    return json.dumps({"selectedColumns": ["metrics.`auc`", "metrics.`logloss`"],
+                       "orderByKey": "attributes.start_time", "orderByAsc": False})
 
 
 def experiment_link(experiment_id: str, base: str = "") -> str:
-    """The experiment's run list (relative to the UI, `#/...`, without `base`)."""
-    return _link(f"#/experiments/{experiment_id}", base)
+    """The experiment's run list with their AUC (relative to the UI, `#/...`, without `base`)."""
+    return _link(f"#/experiments/{experiment_id}/runs", base, f"viewStateShareKey={RUNS_VIEW}&")
 
 
 def run_link(experiment_id: str, run_id: str, base: str = "") -> str:
@@ -32,8 +43,8 @@ def model_link(name: str, version: str | None = None, base: str = "") -> str:
     return _link(f"#/models/{name}" + (f"/versions/{version}" if version else ""), base)
 
 
-def _link(route: str, base: str) -> str:
-    return f"{base}/{route}?{ML_VIEW}" if base else f"{route}?{ML_VIEW}"
+def _link(route: str, base: str, query: str = "") -> str:
+    return f"{base}/{route}?{query}{ML_VIEW}" if base else f"{route}?{query}{ML_VIEW}"
 
 
 def ui_base(tracking_uri: str) -> str | None:
@@ -51,7 +62,9 @@ def ui_command(tracking_uri: str) -> str | None:
     runnable as printed: the `mlflow` of this environment by its path, telemetry off."""
     if tracking_uri.startswith(("http://", "https://")) or tracking_uri.lower() == "none":
         return None
-    return f"MLFLOW_DISABLE_TELEMETRY=true {mlflow_executable()} ui --backend-store-uri {shlex.quote(tracking_uri)}"
+    # one worker: a viewer for one person (the default 4 take minutes to start on 2 busy cores)
+    return (f"MLFLOW_DISABLE_TELEMETRY=true {mlflow_executable()} ui --workers 1 "
+            f"--backend-store-uri {shlex.quote(tracking_uri)}")
 
 
 def mlflow_executable() -> str:
