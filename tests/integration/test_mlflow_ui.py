@@ -65,8 +65,10 @@ def test_experiment_link_lists_the_pipeline_run_with_its_auc(page, tracked):
     from playwright.sync_api import expect
 
     page.goto(experiment_link(tracked["experiment_id"], tracked["url"]))
-    row = page.get_by_role("row").filter(has_text=tracked["run_name"])
-    expect(row).to_contain_text(repr(tracked["auc"])[:6], timeout=TIMEOUT_MS)
+    # the grid draws a row in parts (pinned name column, scrolled metric columns), each with the run's id
+    row = page.locator(f'[role="row"][row-id="{tracked["mlflow_run_id"]}"]')
+    expect(row.filter(has_text=tracked["run_name"])).to_be_visible(timeout=TIMEOUT_MS)
+    expect(row.get_by_role("gridcell").filter(has_text=repr(tracked["auc"])[:6])).to_be_visible()
     expect(page.get_by_role("columnheader", name="auc")).to_be_visible()
     shoot(page, "mlflow_ui_runs.png")
     assert TELEMETRY_NOTICE not in page.inner_text("body")
@@ -93,9 +95,11 @@ def test_run_link_shows_the_auc_the_plots_and_links_to_every_step_and_the_model(
     shoot(page, "mlflow_ui_plots.png")
 
     page.goto(run_link(tracked["experiment_id"], tracked["mlflow_run_id"], tracked["url"]))
-    page.get_by_role("link", name=f"{tracked['model_name']} version {tracked['registered_version']}").click()
-    expect(page.get_by_text("candidate", exact=True).first).to_be_visible(timeout=TIMEOUT_MS)
-    shoot(page, "mlflow_ui_model_version.png")
+    with page.context.expect_page() as opened:  # the description's links open in a new tab
+        page.get_by_role("link", name=f"{tracked['model_name']} version {tracked['registered_version']}").click()
+    version_page = opened.value
+    expect(version_page.get_by_text("candidate", exact=True).first).to_be_visible(timeout=TIMEOUT_MS)
+    shoot(version_page, "mlflow_ui_model_version.png")
 
 
 def test_registry_page_shows_candidate_version(page, tracked):

@@ -99,8 +99,10 @@ def _get(url: str, data: dict | None = None) -> dict:
 def test_the_printed_mlflow_ui_command_serves_the_demo_run_without_telemetry(demo, clone):
     lines = headline(demo)
     command, link = lines["open the MLflow UI"], lines["then the pipeline run"]
-    assert command.startswith("MLFLOW_DISABLE_TELEMETRY=true .venv/bin/mlflow ui --backend-store-uri sqlite:///")
+    assert command.startswith("MLFLOW_DISABLE_TELEMETRY=true .venv/bin/mlflow ui --workers 1 --backend-store-uri "
+                              "sqlite:///")
     assert link.startswith("http://127.0.0.1:5000/#/experiments/") and link.endswith("?workflowType=machine_learning")
+    assert lines["all runs"].endswith("/runs?viewStateShareKey=ctrflow-runs&workflowType=machine_learning")
     run_id = link.split("/runs/")[1].split("?")[0]
     port = _free_port()
     server = subprocess.Popen(["bash", "-c", f"exec env {command} --port {port}"], cwd=clone["root"],

@@ -3,6 +3,10 @@ registers, and `ctrflow promote`'s AUC gate on the `champion` alias."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -182,3 +186,20 @@ def test_export_given_metrics_tags_the_auc_so_promote_needs_no_data(mlflow_uri, 
     assert float(candidate.tags["auc"]) == expected and candidate.tags["backend"] == "pytorch"
     assert main(["promote", "--model", name, "--tracking-uri", mlflow_uri]) == 0
     assert champion(mlflow_uri, name) == candidate.version
+
+
+def test_export_with_tracking_prints_nothing_but_its_summary(mlflow_uri, trained, tmp_path):
+    """No MLflow warnings (CloudPickle, input example with raw colour codes), no INFO lines, no
+    progress bars: the registered pyfunc is models-from-code with an input example."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}  # ctrflow's own defaults
+    done = subprocess.run([sys.executable, "-m", "ctrflow", "export", "--checkpoint", str(trained / "ckpt40"),
+                           "--data", str(trained / "data"), "--out", str(tmp_path / "repo"), "--name", "ctr_quiet",
+                           "--tracking-uri", mlflow_uri], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert json.loads(done.stdout)["registered_version"] == "1"
+    model = mlflow.MlflowClient(mlflow_uri).get_model_version_by_alias("ctr_quiet", "candidate")
+    local = Path(mlflow.artifacts.download_artifacts(f"models:/ctr_quiet/{model.version}", tracking_uri=mlflow_uri,
+                                                     dst_path=str(tmp_path / "dl")))
+    assert not list(local.rglob("*.pkl"))  # the model is its code, nothing unpickled on load
+    assert (local / "input_example.json").exists()

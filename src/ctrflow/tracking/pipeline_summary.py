@@ -49,25 +49,24 @@ def summary_metrics(children: list) -> dict[str, float]:
 
 
 def describe(experiment_id: str, children: list) -> tuple[str, dict[str, str]]:
-    """(markdown description, tags) of the parent: the headline first (the run page shows the first
-    lines), then one link per step run."""
+    """(markdown description, tags) of the parent. The run page shows only the description's first
+    lines until "Show more" is clicked: the AUC and the model's link come first, on as few lines as can be."""
     children = sorted(children, key=summary_order)
     evaluated = next((c for c in children if step_name(c) == "evaluate"), None)
-    lines, tags = ["**ctrflow pipeline run.**"], {}
+    headline, tags = ["**ctrflow pipeline run**:"], {}
     if evaluated is not None and "auc" in evaluated.data.metrics:
-        lines.append(f"Validation AUC {evaluated.data.metrics['auc']:.4f} "
-                     f"([evaluate]({run_link(experiment_id, evaluated.info.run_id)})); ROC and calibration "
-                     f"plots in this run's Artifacts, folder `{PLOTS}/`.")
+        headline.append(f"validation AUC {evaluated.data.metrics['auc']:.4f} "
+                        f"([evaluate]({run_link(experiment_id, evaluated.info.run_id)})),")
     registered = next((c.data.tags[MODEL_TAG] for c in children if MODEL_TAG in c.data.tags), None)
     if registered:
         name, version = registered.rsplit("/", 1)
-        lines.append(f"Registered model: [{name} version {version}]({model_link(name, version)}) (alias "
-                     f"candidate; `ctrflow promote --model {name}` makes it champion if it passes the AUC gate).")
+        headline.append(f"registered model [{name} version {version}]({model_link(name, version)}) (alias candidate).")
         tags[MODEL_TAG] = registered
-    lines += ["", "Each step logged a run of its own (parameters, metrics, artifacts):", ""]
-    for child in children:
-        metric = f" (AUC {child.data.metrics['auc']:.4f})" if "auc" in child.data.metrics else ""
-        lines.append(f"- [{step_name(child)}]({run_link(experiment_id, child.info.run_id)}){metric}")
+    lines = [" ".join(headline).rstrip(","), ""]
+    if evaluated is not None:
+        lines += [f"ROC and calibration plots: this run's Artifacts, folder `{PLOTS}/`.", ""]
+    steps = ", ".join(f"[{step_name(c)}]({run_link(experiment_id, c.info.run_id)})" for c in children)
+    lines.append(f"The steps' own runs (parameters, metrics, artifacts): {steps}.")
     return "\n".join(lines) + "\n", tags
 
 

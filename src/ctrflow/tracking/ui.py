@@ -73,5 +73,8 @@ def mlflow_executable() -> str:
     script = Path(sys.executable).parent / "mlflow"  # the venv's bin/, not the interpreter it links to
     if not script.exists():
         return f"{shlex.quote(sys.executable)} -m mlflow"
+    local = Path(".venv", "bin", "mlflow")  # `make setup`'s venv in the working directory
+    if local.exists() and os.path.samefile(local, script):
+        return str(local)
     relative = os.path.relpath(script)
     return shlex.quote(str(script) if relative.startswith("..") else relative)
