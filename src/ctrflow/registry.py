@@ -35,6 +35,7 @@ TRITON = "triton"
 RAW_FIELDS = (*DENSE, *SPARSE)
 PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 PYFUNC_CODE = Path(__file__).with_name("registry_pyfunc.py")  # the model's code, copied into each model
+CHANCE = 0.5  # the AUC of random scores: a candidate must beat it
 
 
 class RawRowsModel(mlflow.pyfunc.PythonModel):
@@ -245,9 +246,6 @@ def version_auc(client: MlflowClient, tracking_uri: str, name: str, version,
         raise UserError(f"model {name} version {version.version}: no AUC recorded (no `auc` version "
                         f"tag, run metric or evaluate step); pass --data DIR to recompute it")
     return value
-
-
-CHANCE = 0.5  # the AUC of random scores: a candidate must beat it
 
 
 def judge(candidate: str, candidate_auc: float, champion: str | None, champion_auc: float | None) -> tuple[bool, str]:

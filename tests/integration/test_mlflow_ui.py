@@ -69,7 +69,7 @@ def test_experiment_link_lists_the_pipeline_run_with_its_auc(page, tracked):
     row = page.locator(f'[role="row"][row-id="{tracked["mlflow_run_id"]}"]')
     expect(row.filter(has_text=tracked["run_name"])).to_be_visible(timeout=TIMEOUT_MS)
     expect(row.get_by_role("gridcell").filter(has_text=repr(tracked["auc"])[:6])).to_be_visible()
-    expect(page.get_by_role("columnheader", name="auc")).to_be_visible()
+    expect(page.get_by_role("columnheader", name="auc").first).to_be_visible()
     shoot(page, "mlflow_ui_runs.png")
     assert TELEMETRY_NOTICE not in page.inner_text("body")
 
@@ -98,7 +98,7 @@ def test_run_link_shows_the_auc_the_plots_and_links_to_every_step_and_the_model(
     with page.context.expect_page() as opened:  # the description's links open in a new tab
         page.get_by_role("link", name=f"{tracked['model_name']} version {tracked['registered_version']}").click()
     version_page = opened.value
-    expect(version_page.get_by_text("candidate", exact=True).first).to_be_visible(timeout=TIMEOUT_MS)
+    expect(version_page.get_by_role("status", name="candidate")).to_be_visible(timeout=TIMEOUT_MS)
     shoot(version_page, "mlflow_ui_model_version.png")
 
 
