@@ -199,8 +199,9 @@ def test_export_with_tracking_prints_nothing_but_its_summary(mlflow_uri, trained
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
     assert json.loads(done.stdout)["registered_version"] == "1"
-    model = mlflow.MlflowClient(mlflow_uri).get_model_version_by_alias("ctr_quiet", "candidate")
-    local = Path(mlflow.artifacts.download_artifacts(f"models:/ctr_quiet/{model.version}", tracking_uri=mlflow_uri,
+    client = mlflow.MlflowClient(mlflow_uri, registry_uri=mlflow_uri)
+    source = client.get_model_version_download_uri("ctr_quiet", "1")
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=source, tracking_uri=mlflow_uri,
                                                      dst_path=str(tmp_path / "dl")))
     assert not list(local.rglob("*.pkl"))  # the model is its code, nothing unpickled on load
     assert (local / "input_example.json").exists()

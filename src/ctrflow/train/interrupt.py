@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 from typing import TYPE_CHECKING
 
 from ctrflow.errors import UserError
@@ -53,7 +54,7 @@ class StopSignals:
         self.previous: dict[int, object] = {}
 
     def __enter__(self) -> StopSignals:
-        if _main_thread():  # signal handlers can only be set there (tests may train in threads)
+        if threading.current_thread() is threading.main_thread():  # handlers can only be set there
             self.previous = {s: signal.signal(s, self._handle) for s in SIGNALS}
         return self
 
@@ -115,9 +116,3 @@ def checkpoint_stopped(s, log, done: dict[str, int], signum: int) -> Interrupted
     name = signal.Signals(signum).name
     return Interrupted(signum, f"{name} at step {s.step}; checkpoint {step_dir} written: run the same "
                                f"command with --resume {s.out} to continue", quiet=not s.runtime.is_main)
-
-
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
