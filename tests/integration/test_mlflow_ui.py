@@ -92,7 +92,7 @@ def test_run_link_shows_the_auc_the_plots_and_links_to_every_step_and_the_model(
     page.get_by_text("evaluate", exact=True).last.click()  # the folder of evaluate's plots
     expect(page.get_by_text("calibration.png", exact=True)).to_be_visible()
     page.get_by_text("roc.png", exact=True).click()
-    expect(page.get_by_text("evaluate/roc.png")).to_be_visible()  # the plot's preview
+    expect(page.get_by_text("evaluate/roc.png", exact=True)).to_be_visible()  # the plot's preview
     shoot(page, "mlflow_ui_plots.png")
 
     page.goto(run_link(tracked["experiment_id"], tracked["mlflow_run_id"], tracked["url"]))
