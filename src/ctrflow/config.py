@@ -96,6 +96,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     threads: int | None = None  # torch intra-op threads on the CPU; None: torch's default
     resume: str | None = None
+    overwrite: bool = False  # --out holds a run and resume is None: remove that run first (else refuse)
     sharding: str = "auto"  # with N processes: auto | table | row | column | data for every table
     plan: str | None = None  # JSON sharding plan file: per-table choices over `sharding`
     deterministic: bool = False

@@ -90,7 +90,7 @@ FLAGS: list[tuple[str, str, dict[str, Any], str]] = [
     ("--keep-checkpoints", "keep_checkpoints", {"type": int}, "step directories kept (the newest)"),
     ("--resume", "resume", {"type": optional(str), "metavar": "CKPT"}, "continue from a checkpoint"),
     ("--overwrite", "overwrite", {"action": argparse.BooleanOptionalAction},
-     "train into an --out that already holds a run"),
+     "--out holds a run: remove its checkpoints, latest and metrics.jsonl and start over"),
     ("--device", "device", {}, "where to train (auto: a GPU when there is one)"),
     ("--threads", "threads", {"type": optional(int)},
      "CPU threads for torch (none: torch's choice; 1 is fastest on a busy machine)"),
