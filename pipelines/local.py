@@ -66,6 +66,18 @@ def run_local(pipeline_root: str | os.PathLike, arguments: dict[str, Any],
 
 
 def _run(pipeline_root: str | os.PathLike, arguments: dict[str, Any]) -> Path:
+    import builtins
+
+    printing = builtins.print
+    try:
+        return _run_pipeline(pipeline_root, arguments)
+    finally:
+        # KFP's runner indents task output by swapping `print` for a wrapper and back, per task; tasks
+        # in parallel threads restore each other's wrappers, leaving a print that indents everything after
+        builtins.print = printing
+
+
+def _run_pipeline(pipeline_root: str | os.PathLike, arguments: dict[str, Any]) -> Path:
     import kfp.local
 
     root = Path(pipeline_root).resolve()

@@ -99,6 +99,7 @@ class TrainConfig:
     # warm start: a checkpoint's weights and optimizer state, tables grown to this data's vocabularies
     # (`ctrflow.train.warm_start`); a fresh position and schedule. --resume wins when both are given.
     init_from: str | None = None
+    overwrite: bool = False  # --out holds a run and resume is None: remove that run first (else refuse)
     sharding: str = "auto"  # with N processes: auto | table | row | column | data for every table
     plan: str | None = None  # JSON sharding plan file: per-table choices over `sharding`
     deterministic: bool = False

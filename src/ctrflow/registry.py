@@ -3,8 +3,8 @@
 Each export registers a model version whose artifact is an MLflow pyfunc model (`log_pyfunc`): it
 scores a DataFrame of raw rows (one string column per raw column the dataset description names as
 a feature) with the same code the Triton python models run, and carries the Triton repository
-under `artifacts/triton/`. The export points the `candidate` alias at
-it; `promote` moves `champion` to the candidate only when the candidate's AUC is at least the
+under `artifacts/triton/`. The export points the `candidate` alias at it; `promote` moves
+`champion` to the candidate only when the candidate's AUC is above chance (0.5) and at least the
 champion's.
 """
 
@@ -34,6 +34,8 @@ CHECKPOINT = "checkpoint"  # names of the pyfunc's artifacts
 VOCABULARY = "vocabulary"
 TRITON = "triton"
 PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+PYFUNC_CODE = Path(__file__).with_name("registry_pyfunc.py")  # the model's code, copied into each model
+CHANCE = 0.5  # the AUC of random scores: a candidate must beat it
 
 
 class RawRowsModel(mlflow.pyfunc.PythonModel):
@@ -83,6 +85,11 @@ def raw_strings(column: pd.Series, separator: str = "|") -> list[str]:
     return [text(v) for v in column.tolist()]
 
 
+def raw_example(schema) -> pd.DataFrame:
+    """The pyfunc's input example: one row with every raw column of `schema` missing (a valid request)."""
+    return pd.DataFrame({name: [""] for name in raw_inputs(schema)})
+
+
 def raw_signature(schema):
     """The pyfunc's signature: one string column per raw column of `schema` in, `probability` out."""
     from mlflow.models import ModelSignature
@@ -111,7 +118,9 @@ def save_pyfunc(checkpoint: str | os.PathLike, data: str | os.PathLike, out: str
         if repository is not None:  # MLflow names an artifact's folder after its path: stage it as triton/
             artifacts[TRITON] = shutil.copytree(repository, Path(tmp) / TRITON)
         mlflow.pyfunc.save_model(
-            path=str(out), python_model=RawRowsModel(), signature=raw_signature(schema),
+            # models-from-code: the class is imported on load, never unpickled
+            path=str(out), python_model=str(PYFUNC_CODE), signature=raw_signature(schema),
+            input_example=raw_example(schema),
             artifacts={k: str(v) for k, v in artifacts.items()},
             # explicit: inferring them would load the model in a subprocess; ctrflow itself comes
             # from the serving or training image (it is not on PyPI)
@@ -247,10 +256,24 @@ def version_auc(client: MlflowClient, tracking_uri: str, name: str, version,
     return value
 
 
+def judge(candidate: str, candidate_auc: float, champion: str | None, champion_auc: float | None) -> tuple[bool, str]:
+    """The gate on two AUCs: (passed, why). A candidate passes when its AUC is above chance and
+    at least the champion's (a tie passes); the reason names both AUCs."""
+    against = "no champion yet" if champion is None else f"champion version {champion} AUC {champion_auc:.6f}"
+    if not candidate_auc > CHANCE:  # also refuses NaN
+        return False, (f"candidate version {candidate} AUC {candidate_auc:.6f} is not above chance "
+                       f"({CHANCE}); {against}")
+    if champion_auc is None:
+        return True, f"{against}; candidate version {candidate} AUC {candidate_auc:.6f} > chance ({CHANCE})"
+    sign = ">=" if candidate_auc >= champion_auc else "<"
+    return sign == ">=", f"candidate version {candidate} AUC {candidate_auc:.6f} {sign} {against}"
+
+
 def promote(name: str, tracking_uri: str, data: str | os.PathLike | None = None,
             split: str = "valid") -> Promotion:
-    """Move `champion` to the `candidate` version when its AUC >= the champion's (no champion yet:
-    promote); otherwise leave the aliases alone. The verdict says why, with both AUCs."""
+    """Move `champion` to the `candidate` version when its AUC is above chance (0.5) and >= the
+    champion's (no champion yet: above chance suffices); otherwise leave the aliases alone. The
+    verdict says why, with both AUCs."""
     client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
     try:
         client.get_registered_model(name)
@@ -267,15 +290,10 @@ def promote(name: str, tracking_uri: str, data: str | os.PathLike | None = None,
                          reason=f"version {candidate.version} is already the champion")
     candidate_auc = version_auc(client, tracking_uri, name, candidate, data, split)
     champion_auc = None if champion is None else version_auc(client, tracking_uri, name, champion, data, split)
-    where = f" on {data}/{split}" if data is not None else ""
-    if champion_auc is None:
-        reason = f"no champion yet; candidate version {candidate.version} AUC {candidate_auc:.6f}{where}"
-    elif candidate_auc >= champion_auc:
-        reason = (f"candidate version {candidate.version} AUC {candidate_auc:.6f} >= champion version "
-                  f"{champion.version} AUC {champion_auc:.6f}{where}")
-    else:
-        reason = (f"candidate version {candidate.version} AUC {candidate_auc:.6f} < champion version "
-                  f"{champion.version} AUC {champion_auc:.6f}{where}")
+    passed, reason = judge(candidate.version, candidate_auc, None if champion is None else champion.version,
+                           champion_auc)
+    reason += f" on {data}/{split}" if data is not None else ""
+    if not passed:
         return Promotion(promoted=False, candidate_auc=candidate_auc, champion_auc=champion_auc,
                          **verdict, reason=reason)
     client.set_registered_model_alias(name, CHAMPION, candidate.version)

@@ -12,7 +12,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """Flags of the export step."""
     parser.add_argument("--checkpoint", required=True, help="checkpoint directory (`ctrflow train --out`)")
     parser.add_argument("--data", required=True, help="processed data directory: vocabularies and held-out rows")
-    parser.add_argument("--out", required=True, help="Triton model repository to write into")
+    parser.add_argument("--out", required=True,
+                        help="Triton model repository: a new or empty folder, or a repository to add the ensemble "
+                             "to (an earlier export of NAME is replaced, other models stay)")
     parser.add_argument("--name", default="ctr", help="ensemble name; its parts are NAME_preprocess, NAME_model")
     parser.add_argument("--backend", choices=("onnxruntime", "pytorch", "python"), default="onnxruntime",
                         help="ranking model backend: an ONNX graph, TorchScript on the PyTorch (libtorch) "

@@ -1,8 +1,8 @@
 """`ctrflow promote --model NAME [--data DIR --split valid]`: the AUC gate of the model registry.
 
-Moves the `champion` alias to the `candidate` version when the candidate's AUC is at least the
-champion's; otherwise refuses, says why (both AUCs) and exits 1. Without `--data` the AUCs are the
-ones recorded with each version; with it both are recomputed on the same rows.
+Moves the `champion` alias to the `candidate` version when the candidate's AUC is above chance (0.5)
+and at least the champion's; otherwise refuses, says why (both AUCs) and exits 1. Without `--data`
+the AUCs are the ones recorded with each version; with it both are recomputed on the same rows.
 """
 
 from __future__ import annotations

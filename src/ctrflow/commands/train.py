@@ -93,7 +93,7 @@ FLAGS: list[tuple[str, str, dict[str, Any], str]] = [
      "warm start: begin from a checkpoint's weights and optimizer state, its tables grown to this data's "
      "vocabularies (preprocess --vocab-from), with a fresh step count and schedule (--resume wins)"),
     ("--overwrite", "overwrite", {"action": argparse.BooleanOptionalAction},
-     "train into an --out that already holds a run"),
+     "--out holds a run: remove its checkpoints, latest and metrics.jsonl and start over"),
     ("--device", "device", {}, "where to train (auto: a GPU when there is one)"),
     ("--threads", "threads", {"type": optional(int)},
      "CPU threads for torch (none: torch's choice; 1 is fastest on a busy machine)"),

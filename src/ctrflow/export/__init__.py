@@ -102,12 +102,40 @@ def _check_args(name: str, max_batch_size: int, validation_rows: int) -> None:
         raise UserError(f"--validation-rows must be positive, got {validation_rows}")
 
 
+REPOSITORY_FILES = ("requirements.txt", "validation.json")  # besides model folders, what export writes at the top
+
+
+def is_model_folder(path: Path) -> bool:
+    """A Triton model: a folder with `config.pbtxt` or a numbered version folder."""
+    return path.is_dir() and ((path / "config.pbtxt").is_file() or any(
+        p.is_dir() and p.name.isdigit() for p in path.iterdir()))
+
+
+def check_out(repo: Path) -> None:
+    """Refuse, before any work, an `--out` that is a file, or a non-empty folder other than a Triton
+    model repository (one holds only model folders, requirements.txt and validation.json): the
+    ensemble is added to a repository (replacing its earlier version), never merged into other files."""
+    if repo.exists() and not repo.is_dir():
+        raise UserError(f"--out {repo}: is a file; give a folder for the Triton model repository")
+    if not repo.is_dir():
+        return
+    for entry in sorted(repo.iterdir()):
+        if entry.name.startswith(".") or (entry.is_file() and entry.name in REPOSITORY_FILES):
+            continue
+        if not is_model_folder(entry):
+            raise UserError(f"--out {repo}: not empty and not a Triton model repository ({entry.name} is not a "
+                            f"model folder with config.pbtxt); give a new or empty folder, or a repository to add "
+                            f"the ensemble to")
+
+
 def export(checkpoint: str | os.PathLike, data: str | os.PathLike, out: str | os.PathLike, name: str,
            backend: str = "onnxruntime", max_batch_size: int = 4096, instance_kind: str = "cpu",
            validation_rows: int = 4096, metrics: str | os.PathLike | None = None,
            tracker: Tracker | None = None) -> dict:
     """Export `checkpoint` as the Triton ensemble `name` into the repository `out`; returns a summary.
 
+    `out` is a new or empty folder, or a Triton model repository: the ensemble's three models are
+    added to it, replacing the same ensemble's earlier version, and other models stay (`check_out`).
     The ensemble is written and validated in a staging directory and moved into `out` only when
     every config parses and the exported model matches the trained one within 1e-5 on held-out
     rows; otherwise `UserError` says why and `out` is left as it was. `metrics` (evaluate's
@@ -117,10 +145,11 @@ def export(checkpoint: str | os.PathLike, data: str | os.PathLike, out: str | os
     from ctrflow.predict import load_for_data
 
     _check_args(name, max_batch_size, validation_rows)
+    repo = Path(out)
+    check_out(repo)
     auc = None if metrics is None else read_auc(metrics)
     tracker = tracker or NullTracker()
     model, schema, meta = load_for_data(checkpoint, data)
-    repo = Path(out)
     staging = repo.parent / f".{repo.name}.{name}.tmp-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     try:

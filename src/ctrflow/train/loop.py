@@ -41,6 +41,8 @@ from ctrflow.train.dense_average import DenseAverage
 from ctrflow.train.distributed import Runtime, close_runtime, init_runtime, print0
 from ctrflow.train.fused import FusedTables
 from ctrflow.train.graphs import GraphedStep
+from ctrflow.train.interrupt import StopSignals, checkpoint_stopped
+from ctrflow.train.out_folder import claim_out
 from ctrflow.train.optim import Optimizers, build_optimizers, lr_factor, sparse_memory
 from ctrflow.train.progress import ProgressLog, restart_metrics
 from ctrflow.train.validate import validate
@@ -77,15 +79,17 @@ def train(config: TrainConfig, tracker: Tracker | None = None) -> dict[str, Any]
     """Train `config.model` on processed data `config.data.path`, writing checkpoints and
     `metrics.jsonl` under `config.out`; returns a summary (steps, loss, valid auc, ...)."""
     tracker = tracker or NullTracker()
-    runtime = init_runtime(config.device)
-    try:
-        session = _setup(config, tracker, runtime)
-        return _fit(session)
-    finally:
-        close_runtime(runtime)
+    with StopSignals() as stop:  # Ctrl-C / SIGTERM: a checkpoint at the step in flight, then a one-line exit
+        runtime = init_runtime(config.device)
+        try:
+            session = _setup(config, tracker, runtime)
+            return _fit(session, stop)
+        finally:
+            close_runtime(runtime)
 
 
 def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
+    claim_out(config, runtime.is_main)  # before any work: a run already in --out needs --resume or --overwrite
     if config.threads:
         torch.set_num_threads(config.threads)
     if config.deterministic:
@@ -216,13 +220,14 @@ def _resume(s: Session) -> Path:
     return step_dir.parent / "metrics.jsonl"
 
 
-def _fit(s: Session) -> dict[str, Any]:
+def _fit(s: Session, stop: StopSignals) -> dict[str, Any]:
     cfg = s.config
     log = ProgressLog(s.out, s.runtime, s.tracker, cfg.data.batch_size, s.total_steps, s.step, cfg.progress)
     done = {"eval": -1, "ckpt": -1}
     valid: dict[str, float] = {}
     step = partial(train_step, average=s.average) if s.average is not None else train_step
     step_fn = GraphedStep(step) if s.plan.cuda_graphs else step
+    stop.defer(s.runtime)  # from the first step on, a signal stops between steps
     try:
         while s.step < s.total_steps and s.epoch < cfg.epochs:
             for batch in s.train_loader.batches(s.epoch, start=s.batch):
@@ -236,6 +241,8 @@ def _fit(s: Session) -> dict[str, Any]:
                 valid = _periodic(s, log, done, last) or valid
                 if s.step >= s.total_steps:
                     break
+                if (signum := stop.requested(s.step)) is not None:
+                    raise checkpoint_stopped(s, log, done, signum)
     finally:
         log.close()
         if isinstance(step_fn, GraphedStep):
