@@ -92,7 +92,7 @@ class Run:
                              batch_size=a.batch_size, limit_eval_batches=1),
                              model=ModelConfig(name=a.model, embedding_dim=16),
                              optim=OptimConfig(lr=1e-3, sparse_lr=0.01), epochs=1, seed=a.seed, threads=a.threads,
-                             progress=False, log_every=0, device="cpu")
+                             progress=False, log_every=0, device="cpu", overwrite=True)
         config = replace(config, init_from=str(init_from) if init_from else None)
         started, cpu = time.perf_counter(), time.process_time()
         with self.quiet():

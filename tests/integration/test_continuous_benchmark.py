@@ -5,6 +5,7 @@ figures in MLflow."""
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 from pathlib import Path
 
@@ -35,7 +36,7 @@ def test_two_days_print_one_json_line_write_the_plot_and_log_to_mlflow(tmp_path,
     assert (work / "continuous.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     days = record["days"]
     assert [d["day"] for d in days] == [0, 1, 2] and [d["scored_on"] for d in days] == [1, 2, 3]
-    for before, after in zip(days, days[1:]):
+    for before, after in itertools.pairwise(days):
         # the continuous model's tables grew with the vocabulary, every row of the new ones counted
         assert all(after["cardinalities"][f] >= before["cardinalities"][f] for f in before["cardinalities"])
         assert after["cardinalities"]["userId"] > before["cardinalities"]["userId"]
