@@ -109,7 +109,6 @@ class TrainConfig:
     cuda_graphs: str = "auto"  # auto (the step as one CUDA graph where capturable: ctrflow.train.graphs) | off
     compile: str = "auto"  # auto (torch.compile the dense head, DCNv2, on CUDA with fused tables) | off
     progress: bool = True  # tqdm bar when stderr is a terminal
-    overwrite: bool = False  # train into an `out` that already holds a run (else refused)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (JSON-ready)."""
