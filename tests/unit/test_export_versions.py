@@ -286,3 +286,14 @@ def test_cli_prints_the_version_and_the_delta_sizes(days, tmp_path, capsys, monk
     assert summary["version"] == 2 and summary["repository"] == str(repo)
     assert summary["delta"]["changed_rows"] == len(PERTURBED) + len(days["added"])
     assert 0 < summary["delta"]["delta_bytes"] < summary["delta"]["full_bytes"]
+
+
+def test_loading_a_version_leaves_its_folder_unchanged(days, tmp_path, monkeypatch):
+    """A server polling the repository reloads a model whose folder changed: importing model.py
+    must not write bytecode beside it."""
+    repo = tmp_path / "repo"
+    first_export(days, repo)
+    before = tree_digest(repo)
+    served_scores(monkeypatch, repo, 1, days["rows"])
+    assert tree_digest(repo) == before
+    assert not (repo / "ctr_model" / "1" / "__pycache__").is_dir()
