@@ -6,7 +6,7 @@ the dataset description its rows are read with."""
 from kfp import dsl
 from kfp.dsl import Dataset, Output
 
-from components.image import TRAIN_IMAGE
+from ctrflow_components.image import TRAIN_IMAGE
 
 
 @dsl.component(base_image=TRAIN_IMAGE, install_kfp_package=False)

@@ -19,9 +19,9 @@ them across runs; `track_data` (never cached) logs their child runs from their o
 
 from kfp import dsl, kubernetes
 
-from components import (accelerator_type, count_values, evaluate, export, finalize_data, finish_run, merge_counts,
-                        start_run, track_data, train, transform_file)
-from components import raw_data as fetch_raw_data  # the pipeline parameter `raw_data` shadows the name
+from ctrflow_components import (accelerator_type, count_values, evaluate, export, finalize_data, finish_run,
+                                merge_counts, start_run, track_data, train, transform_file)
+from ctrflow_components import raw_data as fetch_raw_data  # the pipeline parameter `raw_data` shadows the name
 
 PIPELINE_NAME = "ctrflow"
 SHM_SIZE = "16Gi"  # torchrun workers and DataLoader workers share tensors through /dev/shm

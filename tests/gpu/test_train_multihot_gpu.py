@@ -5,20 +5,16 @@ checkpoint scores the same on the CPU."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from multihot_fixtures import mixed_features, write_mixed  # noqa: E402
-
-from ctrflow.checkpoint import load_model  # noqa: E402
-from ctrflow.config import DataConfig, ModelConfig, OptimConfig, TrainConfig  # noqa: E402
-from ctrflow.embedding.fused import FusedEmbeddingCollection  # noqa: E402
-from ctrflow.loaders.memory import BatchLoader, ParquetDataset  # noqa: E402
-from ctrflow.train.loop import train  # noqa: E402
+from ctrflow.checkpoint import load_model
+from ctrflow.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
+from ctrflow.embedding.fused import FusedEmbeddingCollection
+from ctrflow.loaders.memory import BatchLoader, ParquetDataset
+from ctrflow.train.loop import train
+from tests.fixtures.multihot import mixed_features, write_mixed
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

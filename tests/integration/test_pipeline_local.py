@@ -100,7 +100,7 @@ def test_given_raw_files_with_valid_fraction(pipeline_run, tmp_path):
     import os
     import shutil
 
-    from pipelines.local import run_local, summarize_local_run
+    from ctrflow_pipelines.local import run_local, summarize_local_run
 
     given = tmp_path / "given"
     given.mkdir()

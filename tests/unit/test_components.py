@@ -13,7 +13,7 @@ pytest.importorskip("kfp")
 
 from kfp import dsl  # noqa: E402
 
-import components  # noqa: E402
+import ctrflow_components as components  # noqa: E402
 from ctrflow.preprocess.run import preprocess  # noqa: E402
 from ctrflow.schema import Schema
 

@@ -12,7 +12,7 @@ from ctrflow.datasets.criteo.columns import DENSE, RAW_COLUMNS, SPARSE
 from ctrflow.datasets.description import Description, load_description
 from ctrflow.errors import UserError
 from ctrflow.preprocess.run import preprocess
-from table_fixtures import movie_rows, write_csv, write_description
+from tests.fixtures.tables import movie_rows, write_csv, write_description
 
 EXAMPLE = """\
 format: csv              # csv | tsv | parquet

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from serving_fixtures import checkpoint, load_python_model, movielens_data, processed_data, raw_requests
+from tests.fixtures.serving import checkpoint, load_python_model, movielens_data, processed_data, raw_requests
 from tritonclient.grpc import model_config_pb2 as pb
 
 from ctrflow.errors import UserError
@@ -98,7 +98,7 @@ def _torchscript(repo, features, name="ctr"):
 def _chain(monkeypatch, repo, requests, name="ctr"):
     """NAME_preprocess -> NAME_model as Triton's ensemble runs them, one response per request: the
     preprocessing step's outputs go to the ranking model by the ensemble config's maps."""
-    from serving_fixtures import FakeRequest
+    from tests.fixtures.serving import FakeRequest
 
     pre = load_python_model(monkeypatch, repo / f"{name}_preprocess" / "1" / "model.py")
     features = pre.execute(requests)
@@ -119,7 +119,7 @@ def _chain(monkeypatch, repo, requests, name="ctr"):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_ensemble_chain_on_raw_rows_equals_predict(exported, monkeypatch, backend):
-    from serving_fixtures import FakeRequest
+    from tests.fixtures.serving import FakeRequest
 
     fields = raw_requests(exported["raw"] / "day_1.tsv", exported["data"], ROWS)
     halves = [FakeRequest({k: v[:20] for k, v in fields.items()}), FakeRequest({k: v[20:] for k, v in fields.items()})]
@@ -131,7 +131,7 @@ def test_ensemble_chain_on_raw_rows_equals_predict(exported, monkeypatch, backen
 
 
 def test_malformed_field_gets_error_response_naming_it(exported, monkeypatch):
-    from serving_fixtures import FakeRequest
+    from tests.fixtures.serving import FakeRequest
 
     repo = exported["root"] / "repo-python"
     pre = load_python_model(monkeypatch, repo / "ctr_preprocess" / "1" / "model.py")
@@ -269,7 +269,7 @@ def test_ensemble_inputs_are_the_descriptions_columns(movies):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_movielens_chain_on_raw_csv_rows_equals_predict(movies, monkeypatch, backend):
-    from serving_fixtures import FakeRequest
+    from tests.fixtures.serving import FakeRequest
 
     report = json.loads((movies["root"] / f"repo-{backend}" / "validation.json").read_text())
     assert report["max_abs_diff"] <= 1e-5 and report["rows"] == 300

@@ -17,9 +17,9 @@ from ctrflow.errors import UserError
 
 pytest.importorskip("kfp")
 
-from pipelines.cli import parameter_values  # noqa: E402
-from pipelines.compile import COMMITTED, compile_pipeline  # noqa: E402
-from pipelines.submit import submit_kfp, submit_vertex  # noqa: E402
+from ctrflow_pipelines.cli import parameter_values  # noqa: E402
+from ctrflow_pipelines.compile import COMMITTED, compile_pipeline  # noqa: E402
+from ctrflow_pipelines.submit import submit_kfp, submit_vertex  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def test_dataset_parameter_reaches_the_raw_data_task(compiled):
 
 
 def test_accelerator_type_is_empty_without_gpus():
-    import components
+    import ctrflow_components as components
 
     assert components.accelerator_type.python_func(num_gpus=0, gpu_type="nvidia.com/gpu") == ""
     assert components.accelerator_type.python_func(num_gpus=4, gpu_type="nvidia.com/gpu") == "nvidia.com/gpu"
@@ -195,7 +195,7 @@ def test_vertex_submit_checks_root_and_names_the_missing_extra():
 def test_local_run_console_shows_only_task_progress():
     import io
 
-    from pipelines.local import TaskProgress
+    from ctrflow_pipelines.local import TaskProgress
 
     log, console = io.StringIO(), io.StringIO()
     progress = TaskProgress(log, console)

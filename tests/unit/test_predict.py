@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
-from serving_fixtures import checkpoint, processed_data
+from tests.fixtures.serving import checkpoint, processed_data
 
 from ctrflow.cli import main
 from ctrflow.loaders.memory import ParquetDataset
@@ -68,7 +68,7 @@ def test_predict_bad_row_names_file_and_line(artifacts, tmp_path):
 
 
 def test_predict_reads_the_descriptions_csv_and_matches_the_preprocessed_rows(tmp_path_factory, tmp_path):
-    from serving_fixtures import movielens_data
+    from tests.fixtures.serving import movielens_data
 
     raw, data = movielens_data(tmp_path_factory)
     ckpt = checkpoint(tmp_path_factory, "dlrm", data)

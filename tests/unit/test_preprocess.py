@@ -21,28 +21,7 @@ from ctrflow.datasets.criteo.columns import DENSE, SPARSE
 from ctrflow.preprocess.transform import transform_raw
 from ctrflow.preprocess.vocab import Vocabularies
 from ctrflow.errors import UserError
-
-
-def row(label="0", dense=None, sparse=None) -> str:
-    """One raw line: dense/sparse given as {column: text}, everything else empty."""
-    dense, sparse = dense or {}, sparse or {}
-    return "\t".join([label] + [dense.get(c, "") for c in DENSE] + [sparse.get(c, "") for c in SPARSE])
-
-
-def random_rows(n: int, seed: int) -> list[str]:
-    """Criteo-like rows: skewed 8-hex values, missing fields, negative I2."""
-    rng = np.random.default_rng(seed)
-    lines = []
-    for _ in range(n):
-        dense = {c: str(int(rng.integers(-3, 50))) for c in DENSE if rng.random() > 0.2}
-        sparse = {c: f"{int(rng.zipf(1.5)) % 500 * 2654435761 % 2**32:08x}" for c in SPARSE if rng.random() > 0.1}
-        lines.append(row(str(int(rng.random() < 0.25)), dense, sparse))
-    return lines
-
-
-def write(path, lines) -> str:
-    path.write_text("".join(line + "\n" for line in lines))
-    return str(path)
+from tests.fixtures.preprocess import random_rows, row, write
 
 
 def table(out, split="train"):

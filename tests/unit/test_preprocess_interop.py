@@ -7,7 +7,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, te
 from ctrflow.preprocess.run import preprocess
 from ctrflow.schema import Schema
 from ctrflow.datasets.criteo.columns import DENSE, SPARSE
-from test_preprocess import random_rows, write
+from tests.fixtures.preprocess import random_rows, write
 
 _FIELDS = {  # the subset of tensorflow_metadata's schema.proto that Merlin writes for tabular columns
     "Schema": [("feature", 1, "Feature", "repeated")],
@@ -60,7 +60,7 @@ def test_schema_pbtxt_describes_columns_for_nvtabular(tmp_path):
 def test_schema_pbtxt_and_hugectr_metadata_describe_a_multi_hot_table(tmp_path):
     import json
 
-    from table_fixtures import movie_rows, write_csv, write_description
+    from tests.fixtures.tables import movie_rows, write_csv, write_description
 
     out = tmp_path / "out"
     preprocess([write_csv(tmp_path / "m.csv", movie_rows(200))], out=out, workers=1,

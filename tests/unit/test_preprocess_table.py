@@ -16,7 +16,7 @@ from ctrflow.cli import main
 from ctrflow.errors import UserError
 from ctrflow.preprocess.run import preprocess
 from ctrflow.schema import Schema
-from table_fixtures import movie_rows, read_split, write_csv, write_description, write_parquet
+from tests.fixtures.tables import movie_rows, read_split, write_csv, write_description, write_parquet
 
 
 def expected_vocab(values, threshold: int) -> list[str]:
@@ -217,7 +217,7 @@ def test_the_gpu_engine_refuses_a_described_table(tmp_path, capsys):
 
 
 def test_criteo_rows_described_as_a_table_match_the_criteo_engine(tmp_path):
-    from test_preprocess import random_rows, write
+    from tests.fixtures.preprocess import random_rows, write
 
     from ctrflow.datasets.catalog import describe
 

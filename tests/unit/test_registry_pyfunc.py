@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from serving_fixtures import checkpoint, movielens_data
+from tests.fixtures.serving import checkpoint, movielens_data
 
 mlflow = pytest.importorskip("mlflow")
 

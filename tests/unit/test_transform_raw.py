@@ -14,7 +14,7 @@ from ctrflow.preprocess.run import preprocess
 from ctrflow.preprocess.transform import description_of, transform_raw
 from ctrflow.preprocess.vocab import Vocabularies, load_vocabularies
 from ctrflow.schema import Schema
-from table_fixtures import movie_rows, read_split, write_csv, write_description, write_parquet
+from tests.fixtures.tables import movie_rows, read_split, write_csv, write_description, write_parquet
 
 
 @pytest.fixture
@@ -117,7 +117,7 @@ def test_the_raw_reader_reads_files_without_the_label_and_names_bad_lines(movies
 
 
 def test_criteo_serving_still_equals_criteo_preprocessing(tmp_path):
-    from test_preprocess import random_rows, row, write
+    from tests.fixtures.preprocess import random_rows, row, write
 
     from ctrflow.datasets.criteo.columns import DENSE, SPARSE
 

@@ -79,7 +79,7 @@ def _dataset_flag(parser: argparse.ArgumentParser, default: str | None = "criteo
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Flags of the preprocess step (names are a contract: see ARCHITECTURE.md) and its fan-out actions."""
+    """Flags of the preprocess step (names are a contract: the step contract in docs/) and its fan-out actions."""
     from ctrflow.preprocess.run import COMPRESSIONS, DEFAULT_CHUNK_ROWS, DEFAULT_COMPRESSION
 
     # --train/--out are required for the single run; checked in `run` so that the actions parse

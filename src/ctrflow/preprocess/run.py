@@ -3,11 +3,11 @@
 The pipeline takes a dataset (`ctrflow.datasets.catalog.open_dataset`: the built-in Criteo TSV, or a
 table in CSV, TSV or Parquet described by a file), which supplies the passes' worker stages; the rest
 is the same for every dataset. Fit pass: blocks of whole rows are parsed on worker processes, their
-training values counted and the parsed block cached; the counts merge into the vocabularies
-(ARCHITECTURE.md "Processed-data conventions"). Transform pass: the cached blocks become Parquet parts
-in input order. Everything is written under `DIR.tmp-<pid>` and renamed into place at the end, so a
-failed or interrupted run leaves nothing that looks complete. The output is the same for any worker
-count and chunk size.
+training values counted and the parsed block cached; the counts merge into the vocabularies (the id
+rule of docs/feature-contract.md). Transform pass: the cached blocks become Parquet parts in input
+order. Everything is written under `DIR.tmp-<pid>` and renamed into place at the end, so a failed or
+interrupted run leaves nothing that looks complete. The output is the same for any worker count and
+chunk size.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ctrflow.errors import UserError
 
+HELP = "synthetic data -> whole pipeline locally -> MLflow run"
 EXPERIMENT = "ctrflow-demo"
 
 
@@ -33,7 +34,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the pipeline locally and print its headline."""
     try:
-        from pipelines.local import run_local, summarize_local_run
+        from ctrflow_pipelines.local import run_local, summarize_local_run
     except ModuleNotFoundError as err:
         raise UserError(f"cannot import {err.name!r}: run the demo from a ctrflow checkout "
                         f"(pip install -e .)") from None
