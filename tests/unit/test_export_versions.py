@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from serving_fixtures import FakeRequest, checkpoint, load_python_model, movielens_data, processed_data, raw_requests
+from tests.fixtures.serving import FakeRequest, checkpoint, load_python_model, movielens_data, processed_data, raw_requests
 
 from ctrflow.errors import UserError
 from ctrflow.export import export
