@@ -96,6 +96,9 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     threads: int | None = None  # torch intra-op threads on the CPU; None: torch's default
     resume: str | None = None
+    # warm start: a checkpoint's weights and optimizer state, tables grown to this data's vocabularies
+    # (`ctrflow.train.warm_start`); a fresh position and schedule. --resume wins when both are given.
+    init_from: str | None = None
     sharding: str = "auto"  # with N processes: auto | table | row | column | data for every table
     plan: str | None = None  # JSON sharding plan file: per-table choices over `sharding`
     deterministic: bool = False

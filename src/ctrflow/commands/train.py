@@ -89,6 +89,9 @@ FLAGS: list[tuple[str, str, dict[str, Any], str]] = [
     ("--checkpoint-every", "checkpoint_every", {"type": int}, "steps between checkpoints (0: at each epoch's end)"),
     ("--keep-checkpoints", "keep_checkpoints", {"type": int}, "step directories kept (the newest)"),
     ("--resume", "resume", {"type": optional(str), "metavar": "CKPT"}, "continue from a checkpoint"),
+    ("--init-from", "init_from", {"type": optional(str), "metavar": "CKPT"},
+     "warm start: begin from a checkpoint's weights and optimizer state, its tables grown to this data's "
+     "vocabularies (preprocess --vocab-from), with a fresh step count and schedule (--resume wins)"),
     ("--overwrite", "overwrite", {"action": argparse.BooleanOptionalAction},
      "train into an --out that already holds a run"),
     ("--device", "device", {}, "where to train (auto: a GPU when there is one)"),

@@ -1,7 +1,8 @@
 """The training loop: one code path for one process (CPU or GPU) and, under torchrun, N.
 
 Order of a run: runtime -> data -> model -> run plan and build (`ctrflow.train.build`: every choice
-resolved, every rewrite applied) -> optimizers -> (resume) -> steps, with
+resolved, every rewrite applied) -> optimizers -> (resume, or warm start: `ctrflow.train.warm_start`)
+-> steps, with
 reports every `log_every` steps, validation every `eval_every` and at each epoch's end,
 checkpoints every `checkpoint_every` and at each epoch's end. The loop's own state is three
 integers: step, epoch and the next batch index within the epoch.
@@ -43,6 +44,7 @@ from ctrflow.train.graphs import GraphedStep
 from ctrflow.train.optim import Optimizers, build_optimizers, lr_factor, sparse_memory
 from ctrflow.train.progress import ProgressLog, restart_metrics
 from ctrflow.train.validate import validate
+from ctrflow.train.warm_start import warm_start
 
 
 @dataclass
@@ -101,6 +103,9 @@ def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
     session = Session(config, runtime, tracker, schema, built.model, optimizers,
                       train_loader, valid_loader, out, total, plan, built.average)
     source = _resume(session) if config.resume else None
+    if config.init_from and not config.resume:
+        step_dir = warm_start(built.model, optimizers, config, schema, runtime)
+        print0(f"ctrflow train: warm start from {step_dir} (tables grown to this data's vocabularies)")
     if runtime.is_main:
         out.mkdir(parents=True, exist_ok=True)
         schema.save(out / "schema.json")
@@ -120,7 +125,7 @@ def _build(config: TrainConfig, runtime: Runtime, schema: Schema, loader: str) -
     # tables are drawn where they land: into the fused buffer on the device, or shard by shard (MLPerf's ~96 GB)
     with deferred_tables():
         model = build_model(m.name, schema, m.embedding_dim, seed=config.seed, **m.arch_kwargs())
-    if schema.label_rate is not None and not config.resume:  # a fresh run starts at the training click rate
+    if schema.label_rate is not None and not (config.resume or config.init_from):  # fresh: the click rate
         model.set_output_bias(schema.label_rate)
     plan = plan_run(config, runtime, model, loader)
     built = build(model, plan, runtime)
