@@ -80,7 +80,8 @@ def test_promote_moves_champion_only_when_the_candidate_auc_is_not_lower(mlflow_
 
 
 def test_promote_reads_the_auc_of_the_evaluate_step_of_the_same_pipeline_run(mlflow_uri, trained):
-    from ctrflow.registry import log_pyfunc, promote
+    from ctrflow.promotion import promote
+    from ctrflow.registry import log_pyfunc
     from ctrflow.tracking.mlflow_tracker import MlflowTracker
 
     name = MODEL + "-pipeline"
@@ -99,7 +100,7 @@ def test_promote_reads_the_auc_of_the_evaluate_step_of_the_same_pipeline_run(mlf
 
 def test_promote_recomputes_both_aucs_on_the_evaluation_data(mlflow_uri, trained, capsys):
     from ctrflow.evaluate import evaluate
-    from ctrflow.registry import promote
+    from ctrflow.promotion import promote
 
     data = trained / "data"
     aucs = {n: evaluate(data, trained / f"ckpt{n}", trained / f"eval{n}")["auc"] for n in (2, 40)}
@@ -154,3 +155,91 @@ def test_export_given_metrics_tags_the_auc_so_promote_needs_no_data(mlflow_uri, 
     assert float(candidate.tags["auc"]) == expected and candidate.tags["backend"] == "pytorch"
     assert main(["promote", "--model", name, "--tracking-uri", mlflow_uri]) == 0
     assert champion(mlflow_uri, name) == candidate.version
+
+
+def promote_runs(uri: str, name: str) -> list:
+    """The MLflow runs `ctrflow promote --model name` logged, newest first."""
+    client = mlflow.MlflowClient(uri)
+    experiment = client.get_experiment_by_name("registry-gate")
+    return client.search_runs([experiment.experiment_id], f"params.model = '{name}'",
+                              order_by=["attributes.start_time DESC"])
+
+
+def test_the_gate_refuses_a_worse_candidate_on_the_same_rows_and_records_it(mlflow_uri, trained, capsys):
+    from ctrflow.evaluate import evaluate
+
+    data, name = trained / "data", MODEL + "-gate"
+    scored = {n: evaluate(data, trained / f"ckpt{n}", trained / f"gate{n}") for n in (2, 40)}
+    aucs, rows = {n: s["auc"] for n, s in scored.items()}, scored[40]["rows"]
+    assert aucs[40] > aucs[2] > 0.5  # 40 steps rank better than 2
+    flags = ["promote", "--model", name, "--data", str(data), "--tracking-uri", mlflow_uri,
+             "--experiment", "registry-gate"]
+    best = register(mlflow_uri, name, trained / "ckpt40", data)
+    assert main(flags) == 0
+    worse = register(mlflow_uri, name, trained / "ckpt2", data)
+    capsys.readouterr()
+
+    assert main(flags) == 1
+
+    line = capsys.readouterr().out.strip()
+    assert line == (f"not promoted: candidate version {worse} AUC {aucs[2]:.6f} < champion version {best} AUC "
+                    f"{aucs[40]:.6f} + min gain 0 (gain {aucs[2] - aucs[40]:+.6f}) on {rows} rows of {data}/valid")
+    assert champion(mlflow_uri, name) == best
+    run = promote_runs(mlflow_uri, name)[0]
+    assert run.data.tags["promoted"] == "false" and run.data.tags["champion_version_after"] == best
+    assert run.data.metrics["candidate_auc"] == pytest.approx(aucs[2], abs=1e-9)
+    assert run.data.metrics["champion_auc"] == pytest.approx(aucs[40], abs=1e-9)
+    assert run.data.metrics["rows"] == rows == 3000 and run.data.params["split"] == "valid"
+    version = mlflow.MlflowClient(mlflow_uri).get_model_version(name, worse)
+    assert version.tags["ctrflow.promotion"].startswith(f"refused: candidate version {worse} AUC")
+
+
+def test_min_gain_asks_for_a_real_improvement(mlflow_uri, trained):
+    from ctrflow.promotion import promote
+
+    data, name = trained / "data", MODEL + "-gain"
+    first = register(mlflow_uri, name, trained / "ckpt40", data)
+    assert promote(name, mlflow_uri, data=data).promoted
+    same = register(mlflow_uri, name, trained / "ckpt40", data)  # the same weights: gain exactly 0
+
+    refused = promote(name, mlflow_uri, data=data, min_gain=0.001)
+    assert not refused.promoted and champion(mlflow_uri, name) == first
+    assert refused.candidate_auc == refused.champion_auc and refused.rows == 3000
+
+    assert promote(name, mlflow_uri, data=data, min_gain=0.0).promoted
+    assert champion(mlflow_uri, name) == same
+
+
+def test_a_candidate_at_chance_is_never_promoted(mlflow_uri, trained):
+    from ctrflow.promotion import promote
+
+    name = MODEL + "-chance"
+    register(mlflow_uri, name, trained / "ckpt40", trained / "data", auc=0.5)
+
+    verdict = promote(name, mlflow_uri)  # no champion yet, and still refused
+
+    assert not verdict.promoted and "at or below chance (0.5)" in verdict.reason
+    assert "champion" not in mlflow.MlflowClient(mlflow_uri).get_registered_model(name).aliases
+
+
+def test_a_candidate_that_cannot_score_the_holdout_is_refused_in_one_line(mlflow_uri, trained, tmp_path, capsys,
+                                                                         monkeypatch):
+    data, name = trained / "data", MODEL + "-unscorable"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "none")
+    other = tmp_path / "other"  # the same day with another threshold: vocabularies that are not data's
+    assert main(["preprocess", "--train", str(trained / "raw" / "day_0.tsv"), "--out", str(other),
+                 "--valid-fraction", "0.1", "--freq-threshold", "3"]) == 0
+    assert main(["train", "--data", str(other), "--model", "dlrm", "--out", str(tmp_path / "ckpt"),
+                 "--max-steps", "2", "--batch-size", "128", "--embedding-dim", "8"]) == 0
+    best = register(mlflow_uri, name, trained / "ckpt40", data)
+    assert main(["promote", "--model", name, "--data", str(data), "--tracking-uri", mlflow_uri]) == 0
+    stranger = register(mlflow_uri, name, tmp_path / "ckpt", other)
+    capsys.readouterr()
+
+    assert main(["promote", "--model", name, "--data", str(data), "--tracking-uri", mlflow_uri]) == 1
+
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1
+    assert out.startswith(f"not promoted: candidate version {stranger} cannot score {data}/valid: this data's "
+                          "vocabularies do not extend the checkpoint's")
+    assert champion(mlflow_uri, name) == best

@@ -19,7 +19,8 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGES = {REPO / "src" / "ctrflow": "ctrflow", REPO / "pipelines": "ctrflow_pipelines",
             REPO / "components": "ctrflow_components"}
 KFP_CODE = ("pipelines", "components", "ctrflow_pipelines", "ctrflow_components")
-INFERENCE = ("ctrflow.serve", "ctrflow.predict", "ctrflow.registry", "ctrflow.export", "ctrflow.evaluate",
+INFERENCE = ("ctrflow.serve", "ctrflow.predict", "ctrflow.registry", "ctrflow.promotion", "ctrflow.lineage",
+             "ctrflow.export", "ctrflow.evaluate",
              "ctrflow.checkpoint")
 SHARDING = ("ctrflow.embedding.sharded", "ctrflow.embedding.comm", "ctrflow.embedding.plan",
             "ctrflow.embedding.parallelize")

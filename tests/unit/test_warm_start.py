@@ -23,7 +23,7 @@ from ctrflow.errors import UserError
 from ctrflow.models import build_model, embedding_collections
 from ctrflow.preprocess.run import preprocess
 from ctrflow.schema import Schema
-from ctrflow.train.lineage import check_descendant
+from ctrflow.lineage import check_descendant
 from ctrflow.train.loop import train
 from table_fixtures import read_split
 from train_fixtures import one_thread  # noqa: F401 (autouse fixture)
