@@ -10,13 +10,13 @@ from ctrflow_pipelines.compile import compile_pipeline
 
 
 def submit_kfp(host: str, arguments: dict[str, Any], experiment: str = "ctrflow",
-               run_name: str | None = None, namespace: str | None = None) -> str:
-    """Create a run of the pipeline on the KFP API server at `host`; returns the KFP run id."""
+               run_name: str | None = None, namespace: str | None = None, pipeline: str = "ctrflow") -> str:
+    """Create a run of `pipeline` on the KFP API server at `host`; returns the KFP run id."""
     import kfp
 
     client = kfp.Client(host=host, namespace=namespace)
     with tempfile.TemporaryDirectory() as tmp:
-        package = compile_pipeline(Path(tmp) / "pipeline.yaml")
+        package = compile_pipeline(Path(tmp) / "pipeline.yaml", pipeline)
         run = client.create_run_from_pipeline_package(str(package), arguments=arguments, run_name=run_name,
                                                       experiment_name=experiment, namespace=namespace)
     return run.run_id
