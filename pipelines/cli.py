@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-HELP = "compile, run locally or submit the KFP pipeline"
+HELP = "compile, run locally, submit or schedule the KFP pipelines"
 
 
 def add_parameter_flags(parser: argparse.ArgumentParser) -> None:
@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.pipeline_root:
             raise UserError("--vertex-project needs --pipeline-root gs://BUCKET/PATH")
         name = submit_vertex(args.vertex_project, args.vertex_region, args.pipeline_root, arguments,
-                             args.run_name or "ctrflow", args.service_account)
+                             args.run_name or "ctrflow", args.service_account, args.pipeline)
         print(f"submitted Vertex AI pipeline job {name}")
         return 0
     if not args.host:

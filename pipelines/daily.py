@@ -15,8 +15,8 @@ Promotion needs the MLflow registry (`mlflow_tracking_uri` other than "none").
 
 from kfp import dsl
 
-from ctrflow_components import evaluate, export, finish_run, raw_data, start_run
-from ctrflow_components.daily import day_inputs, preprocess_day, promote_day
+from ctrflow_components import (day_inputs, evaluate, export, finish_run, preprocess_day, promote_day, raw_data,
+                                start_run)
 from ctrflow_pipelines.pipeline import add_training
 
 DAILY_PIPELINE_NAME = "ctrflow-daily"

@@ -23,8 +23,8 @@ def submit_kfp(host: str, arguments: dict[str, Any], experiment: str = "ctrflow"
 
 
 def submit_vertex(project: str, region: str, pipeline_root: str, arguments: dict[str, Any],
-                  display_name: str = "ctrflow", service_account: str | None = None) -> str:
-    """Submit a Vertex AI PipelineJob (needs the `vertex` extra); returns its resource name."""
+                  display_name: str = "ctrflow", service_account: str | None = None, pipeline: str = "ctrflow") -> str:
+    """Submit a Vertex AI PipelineJob of `pipeline` (needs the `vertex` extra); returns its resource name."""
     from ctrflow.errors import UserError
 
     if not pipeline_root.startswith("gs://"):
@@ -38,7 +38,7 @@ def submit_vertex(project: str, region: str, pipeline_root: str, arguments: dict
     import yaml
 
     with tempfile.TemporaryDirectory() as tmp:
-        package = compile_pipeline(Path(tmp) / "pipeline.yaml")
+        package = compile_pipeline(Path(tmp) / "pipeline.yaml", pipeline)
         # Vertex AI reads one document: the pipeline spec (the Kubernetes platform spec is KFP's)
         spec = next(yaml.safe_load_all(package.read_text()))
         package.write_text(yaml.safe_dump(spec, sort_keys=False))

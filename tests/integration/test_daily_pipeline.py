@@ -91,8 +91,8 @@ def test_the_served_repository_moves_only_on_promotion(loop):
 
 def test_the_registry_and_mlflow_record_each_decision(loop):
     client = mlflow.MlflowClient(loop["uri"], registry_uri=loop["uri"])
-    assert client.get_model_version_by_alias(NAME, "champion").version == "2"
-    assert client.get_model_version_by_alias(NAME, "candidate").version == "3"
+    assert str(client.get_model_version_by_alias(NAME, "champion").version) == "2"
+    assert str(client.get_model_version_by_alias(NAME, "candidate").version) == "3"
     experiment = client.get_experiment_by_name("ctrflow-daily")
     gates = client.search_runs([experiment.experiment_id], "tags.`ctrflow.step` = 'promote'",
                                order_by=["attributes.start_time ASC"])
