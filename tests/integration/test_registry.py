@@ -226,11 +226,15 @@ def test_a_candidate_that_cannot_score_the_holdout_is_refused_in_one_line(mlflow
                                                                          monkeypatch):
     data, name = trained / "data", MODEL + "-unscorable"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "none")
-    other = tmp_path / "other"  # the same day with another threshold: vocabularies that are not data's
-    assert main(["preprocess", "--train", str(trained / "raw" / "day_0.tsv"), "--out", str(other),
-                 "--valid-fraction", "0.1", "--freq-threshold", "3"]) == 0
-    assert main(["train", "--data", str(other), "--model", "dlrm", "--out", str(tmp_path / "ckpt"),
-                 "--max-steps", "2", "--batch-size", "128", "--embedding-dim", "8"]) == 0
+    other = tmp_path / "other"  # a model of another dataset: its features are not the holdout's
+    steps = [["synth", "--dataset", "movielens-like", "--rows", "1000", "--days", "2", "--seed", "1",
+              "--out", str(tmp_path / "raw")],
+             ["preprocess", "--dataset", str(tmp_path / "raw" / "movielens.yaml"), "--train",
+              str(tmp_path / "raw" / "day_0.csv"), "--valid", str(tmp_path / "raw" / "day_1.csv"), "--out", str(other)],
+             ["train", "--data", str(other), "--model", "dlrm", "--out", str(tmp_path / "ckpt"), "--max-steps", "2",
+              "--batch-size", "128", "--embedding-dim", "8"]]
+    for argv in steps:
+        assert main(argv) == 0, f"ctrflow {argv[0]} failed"
     best = register(mlflow_uri, name, trained / "ckpt40", data)
     assert main(["promote", "--model", name, "--data", str(data), "--tracking-uri", mlflow_uri]) == 0
     stranger = register(mlflow_uri, name, tmp_path / "ckpt", other)
@@ -240,6 +244,7 @@ def test_a_candidate_that_cannot_score_the_holdout_is_refused_in_one_line(mlflow
 
     out = capsys.readouterr().out
     assert out.count("\n") == 1
-    assert out.startswith(f"not promoted: candidate version {stranger} cannot score {data}/valid: this data's "
-                          "vocabularies do not extend the checkpoint's")
+    assert out.startswith(f"not promoted: candidate version {stranger} cannot score {data}/valid: the checkpoint was "
+                          "trained on other features: dense features differ: only in the checkpoint age, price; "
+                          "only here I1, I2, I3, I4 (+9 more)")
     assert champion(mlflow_uri, name) == best
