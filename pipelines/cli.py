@@ -143,7 +143,7 @@ def write_launch_spec(args: argparse.Namespace) -> str:
 
 def parameter_values(args: argparse.Namespace) -> dict[str, Any]:
     """The parameters of the chosen pipeline given on the command line; a flag of the other
-    pipeline only is refused, naming it."""
+    pipeline only, or a required parameter left out, is refused, naming it."""
     from ctrflow.errors import UserError
     from ctrflow_pipelines.compile import PIPELINES, pipeline_parameters
 
@@ -156,7 +156,11 @@ def parameter_values(args: argparse.Namespace) -> dict[str, Any]:
             other = next(p for p in PIPELINES if p != pipeline)
             raise UserError(f"--{flag[len('param_'):].replace('_', '-')}: a parameter of the {other} pipeline, "
                             f"not of {pipeline} (--pipeline {other})")
-    return {flag[len("param_"):]: value for flag, value in given.items()}
+    values = {flag[len("param_"):]: value for flag, value in given.items()}
+    missing = [name for name, param in mine.items() if param.default is inspect.Parameter.empty and name not in values]
+    if missing:
+        raise UserError(f"the {pipeline} pipeline needs " + ", ".join(f"--{n.replace('_', '-')}" for n in missing))
+    return values
 
 
 def run(args: argparse.Namespace) -> int:

@@ -236,6 +236,7 @@ def test_schedule_refuses_a_bad_cron_and_flags_of_the_other_pipeline(kfp_api):
     host, received = kfp_api
     assert main(["pipeline", "schedule", "--cron", "0 3 * *", "--host", host, "--state", "s", "--raw-dir", "r"]) == 2
     assert main(["pipeline", "schedule", "--cron", "0 3 * * *", "--host", host, "--synth-rows", "10"]) == 2
+    assert main(["pipeline", "schedule", "--cron", "0 3 * * *", "--host", host, "--raw-dir", "r"]) == 2  # no --state
     assert received == []  # refused before any request
 
 
