@@ -10,10 +10,11 @@ from ctrflow_components.image import TRAIN_IMAGE
 def train(data: Input[Dataset], checkpoint: Output[Model], model: str = "dlrm", epochs: int = 1,
           batch_size: int = 0, embedding_dim: int = 0, learning_rate: float = 0.0, max_steps: int = 0,
           num_gpus: int = 0, seed: int = 0, tracking_uri: str = "", experiment: str = "ctrflow",
-          parent_run_id: str = "", kfp_run_id: str = ""):
+          parent_run_id: str = "", kfp_run_id: str = "", init_from: str = ""):
     """Train `model` on `data` into `checkpoint`. Zero for batch_size, embedding_dim, learning_rate
-    or max_steps means the step's own default (no limit for max_steps). Metadata: model, steps,
-    final loss and validation AUC."""
+    or max_steps means the step's own default (no limit for max_steps). `init_from`: a checkpoint
+    to warm-start from (`--init-from`; "" trains from scratch). Metadata: model, steps, final loss
+    and validation AUC, and the checkpoint it started from."""
     import json
     import subprocess
     import sys
@@ -27,6 +28,8 @@ def train(data: Input[Dataset], checkpoint: Output[Model], model: str = "dlrm", 
     optional = {"--batch-size": batch_size, "--embedding-dim": embedding_dim, "--lr": learning_rate,
                 "--max-steps": max_steps}
     argv += [part for flag, value in optional.items() if value for part in (flag, str(value))]
+    if init_from:
+        argv += ["--init-from", init_from]
     argv += tracking_argv(tracking_uri, experiment, parent_run_id, {"kfp.run_id": kfp_run_id})
     if num_gpus > 1:  # one process per GPU; only rank 0 opens the MLflow run
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -38,4 +41,4 @@ def train(data: Input[Dataset], checkpoint: Output[Model], model: str = "dlrm", 
     evaluated = [r for r in records if r.get("auc") is not None]
     checkpoint.metadata.update(model=model, num_gpus=num_gpus, steps=records[-1]["step"] if records else 0,
                                loss=records[-1].get("loss") if records else None,
-                               valid_auc=evaluated[-1]["auc"] if evaluated else None)
+                               valid_auc=evaluated[-1]["auc"] if evaluated else None, init_from=init_from)

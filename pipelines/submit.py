@@ -19,8 +19,8 @@ PROBE_SECONDS = 10
 
 
 def submit_kfp(host: str, arguments: dict[str, Any], experiment: str = "ctrflow",
-               run_name: str | None = None, namespace: str | None = None) -> str:
-    """Create a run of the pipeline on the KFP API server at `host`; returns the KFP run id.
+               run_name: str | None = None, namespace: str | None = None, pipeline: str = "ctrflow") -> str:
+    """Create a run of `pipeline` on the KFP API server at `host`; returns the KFP run id.
     A host that cannot be reached, or that answers with an error, is a one-line `UserError`."""
     import kfp
     from kfp_server_api.exceptions import ApiException
@@ -28,7 +28,7 @@ def submit_kfp(host: str, arguments: dict[str, Any], experiment: str = "ctrflow"
     host = host if host.startswith(("http://", "https://")) else "https://" + host  # as kfp.Client reads it
     check_reachable(host)
     with tempfile.TemporaryDirectory() as tmp, quiet_client():
-        package = compile_pipeline(Path(tmp) / "pipeline.yaml")
+        package = compile_pipeline(Path(tmp) / "pipeline.yaml", pipeline)
         try:
             client = kfp.Client(host=host, namespace=namespace)
             run = client.create_run_from_pipeline_package(str(package), arguments=arguments, run_name=run_name,
@@ -80,8 +80,8 @@ def one_line(text: Any, limit: int = 300) -> str:
 
 
 def submit_vertex(project: str, region: str, pipeline_root: str, arguments: dict[str, Any],
-                  display_name: str = "ctrflow", service_account: str | None = None) -> str:
-    """Submit a Vertex AI PipelineJob (needs the `vertex` extra); returns its resource name."""
+                  display_name: str = "ctrflow", service_account: str | None = None, pipeline: str = "ctrflow") -> str:
+    """Submit a Vertex AI PipelineJob of `pipeline` (needs the `vertex` extra); returns its resource name."""
     from ctrflow.errors import UserError
 
     if not pipeline_root.startswith("gs://"):
@@ -95,7 +95,7 @@ def submit_vertex(project: str, region: str, pipeline_root: str, arguments: dict
     import yaml
 
     with tempfile.TemporaryDirectory() as tmp:
-        package = compile_pipeline(Path(tmp) / "pipeline.yaml")
+        package = compile_pipeline(Path(tmp) / "pipeline.yaml", pipeline)
         # Vertex AI reads one document: the pipeline spec (the Kubernetes platform spec is KFP's)
         spec = next(yaml.safe_load_all(package.read_text()))
         package.write_text(yaml.safe_dump(spec, sort_keys=False))

@@ -1,11 +1,10 @@
-"""The MLflow model registry: a pyfunc that scores raw rows, and the AUC gate that moves `champion`.
+"""The MLflow model registry: a pyfunc that scores raw rows (the AUC gate is `ctrflow.promotion`).
 
 Each export registers a model version whose artifact is an MLflow pyfunc model (`log_pyfunc`): it
 scores a DataFrame of raw rows (one string column per raw column the dataset description names as
 a feature) with the same code the Triton python models run, and carries the Triton repository
-under `artifacts/triton/`. The export points the `candidate` alias at it; `promote` moves
-`champion` to the candidate only when the candidate's AUC is above chance (0.5) and at least the
-champion's.
+under `artifacts/triton/`. The export points the `candidate` alias at it; `ctrflow promote`
+(`ctrflow.promotion`) moves `champion` to it when it passes the AUC gate.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import contextlib
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,6 @@ import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 from mlflow import MlflowClient
-from mlflow.exceptions import MlflowException
 
 from ctrflow.errors import UserError
 from ctrflow.serve import raw_inputs
@@ -171,132 +168,3 @@ def log_pyfunc(tracker_or_client, checkpoint: str | os.PathLike, data: str | os.
         else:
             tracker_or_client.log_artifact(model_dir, artifact_path)
     return artifact_path
-
-
-@dataclass(frozen=True)
-class Promotion:
-    """The AUC gate's verdict on one registered model."""
-
-    model: str
-    promoted: bool
-    candidate_version: str
-    candidate_auc: float | None
-    champion_version: str | None  # the champion before the decision
-    champion_auc: float | None
-    reason: str
-
-
-def alias_version(client: MlflowClient, name: str, alias: str):
-    """The model version `alias` points at, or None when the alias is not set."""
-    try:
-        return client.get_model_version_by_alias(name, alias)
-    except MlflowException as err:
-        if err.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
-            return None
-        raise
-
-
-def recorded_auc(client: MlflowClient, version) -> float | None:
-    """The AUC recorded for a version: its `auc` tag, its run's `auc` metric, else the `auc` of
-    the evaluate step of the same pipeline run (a sibling run); None when nothing was recorded."""
-    if "auc" in version.tags:
-        return float(version.tags["auc"])
-    if not version.run_id:
-        return None
-    run = client.get_run(version.run_id)
-    if "auc" in run.data.metrics:
-        return run.data.metrics["auc"]
-    parent = run.data.tags.get("mlflow.parentRunId")
-    if not parent:
-        return None
-    siblings = client.search_runs(
-        [run.info.experiment_id],
-        f"tags.`mlflow.parentRunId` = '{parent}' and tags.`ctrflow.step` = 'evaluate'",
-        order_by=["attributes.start_time DESC"], max_results=5)
-    found = [r.data.metrics["auc"] for r in siblings if "auc" in r.data.metrics]
-    return found[0] if found else None
-
-
-def recomputed_auc(client: MlflowClient, tracking_uri: str, name: str, version,
-                   data: str | os.PathLike, split: str) -> float:
-    """AUC of a version's model on `data/split`, from the checkpoint inside its pyfunc artifact."""
-    from mlflow.artifacts import download_artifacts
-
-    from ctrflow.loaders.memory import ParquetDataset
-    from ctrflow.schema import Schema
-    from ctrflow.evaluate.metrics import auc
-    from ctrflow.predict import score_logits
-    from ctrflow.serve.ranking import load_ranking_model
-    from ctrflow.checkpoint import check_schema
-
-    source = client.get_model_version_download_uri(name, version.version).rstrip("/")
-    with tempfile.TemporaryDirectory(prefix="ctrflow-promote-") as tmp, quiet_artifact_transfers():
-        try:
-            local = download_artifacts(artifact_uri=f"{source}/artifacts/{CHECKPOINT}", dst_path=tmp,
-                                       tracking_uri=tracking_uri)
-        except (MlflowException, OSError) as err:
-            raise UserError(f"model {name} version {version.version}: no checkpoint in its artifact "
-                            f"{source} (not logged by log_pyfunc?): {err}") from None
-        schema = Schema.load(local)
-        check_schema(schema, Schema.load(data), f"{data}/schema.json (model {name} version {version.version})")
-        ranking = load_ranking_model(local)
-    dataset = ParquetDataset(data, split, schema.table_sizes())
-    return auc(dataset.labels, score_logits(ranking.model, dataset.dense, dataset.sparse))
-
-
-def version_auc(client: MlflowClient, tracking_uri: str, name: str, version,
-                data: str | os.PathLike | None, split: str) -> float:
-    """Recomputed on `data/split` when given (both versions on the same rows), else as recorded."""
-    if data is not None:
-        return recomputed_auc(client, tracking_uri, name, version, data, split)
-    value = recorded_auc(client, version)
-    if value is None:
-        raise UserError(f"model {name} version {version.version}: no AUC recorded (no `auc` version "
-                        f"tag, run metric or evaluate step); pass --data DIR to recompute it")
-    return value
-
-
-def judge(candidate: str, candidate_auc: float, champion: str | None, champion_auc: float | None) -> tuple[bool, str]:
-    """The gate on two AUCs: (passed, why). A candidate passes when its AUC is above chance and
-    at least the champion's (a tie passes); the reason names both AUCs."""
-    against = "no champion yet" if champion is None else f"champion version {champion} AUC {champion_auc:.6f}"
-    if not candidate_auc > CHANCE:  # also refuses NaN
-        return False, (f"candidate version {candidate} AUC {candidate_auc:.6f} is not above chance "
-                       f"({CHANCE}); {against}")
-    if champion_auc is None:
-        return True, f"{against}; candidate version {candidate} AUC {candidate_auc:.6f} > chance ({CHANCE})"
-    sign = ">=" if candidate_auc >= champion_auc else "<"
-    return sign == ">=", f"candidate version {candidate} AUC {candidate_auc:.6f} {sign} {against}"
-
-
-def promote(name: str, tracking_uri: str, data: str | os.PathLike | None = None,
-            split: str = "valid") -> Promotion:
-    """Move `champion` to the `candidate` version when its AUC is above chance (0.5) and >= the
-    champion's (no champion yet: above chance suffices); otherwise leave the aliases alone. The
-    verdict says why, with both AUCs."""
-    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
-    try:
-        client.get_registered_model(name)
-    except MlflowException:
-        raise UserError(f"model {name}: not in the registry at {tracking_uri}") from None
-    candidate = alias_version(client, name, CANDIDATE)
-    if candidate is None:
-        raise UserError(f"model {name}: no version has the '{CANDIDATE}' alias (`ctrflow export` sets it)")
-    champion = alias_version(client, name, CHAMPION)
-    verdict = dict(model=name, candidate_version=str(candidate.version),
-                   champion_version=None if champion is None else str(champion.version))
-    if champion is not None and champion.version == candidate.version:
-        return Promotion(promoted=False, candidate_auc=None, champion_auc=None, **verdict,
-                         reason=f"version {candidate.version} is already the champion")
-    candidate_auc = version_auc(client, tracking_uri, name, candidate, data, split)
-    champion_auc = None if champion is None else version_auc(client, tracking_uri, name, champion, data, split)
-    passed, reason = judge(candidate.version, candidate_auc, None if champion is None else champion.version,
-                           champion_auc)
-    reason += f" on {data}/{split}" if data is not None else ""
-    if not passed:
-        return Promotion(promoted=False, candidate_auc=candidate_auc, champion_auc=champion_auc,
-                         **verdict, reason=reason)
-    client.set_registered_model_alias(name, CHAMPION, candidate.version)
-    client.set_model_version_tag(name, candidate.version, "ctrflow.promotion", reason)
-    return Promotion(promoted=True, candidate_auc=candidate_auc, champion_auc=champion_auc,
-                     **verdict, reason=reason)

@@ -114,7 +114,8 @@ def test_promote_never_makes_a_model_at_or_below_chance_the_champion(mlflow_uri,
 
 
 def test_promote_reads_the_auc_of_the_evaluate_step_of_the_same_pipeline_run(mlflow_uri, trained):
-    from ctrflow.registry import log_pyfunc, promote
+    from ctrflow.promotion import promote
+    from ctrflow.registry import log_pyfunc
     from ctrflow.tracking.mlflow_tracker import MlflowTracker
 
     name = MODEL + "-pipeline"
@@ -133,7 +134,7 @@ def test_promote_reads_the_auc_of_the_evaluate_step_of_the_same_pipeline_run(mlf
 
 def test_promote_recomputes_both_aucs_on_the_evaluation_data(mlflow_uri, trained, capsys):
     from ctrflow.evaluate import evaluate
-    from ctrflow.registry import promote
+    from ctrflow.promotion import promote
 
     data = trained / "data"
     aucs = {n: evaluate(data, trained / f"ckpt{n}", trained / f"eval{n}")["auc"] for n in (2, 40)}
@@ -206,3 +207,94 @@ def test_export_with_tracking_prints_nothing_but_its_summary(mlflow_uri, trained
                                                      dst_path=str(tmp_path / "dl")))
     assert not list(local.rglob("*.pkl"))  # the model is its code, nothing unpickled on load
     assert (local / "input_example.json").exists()
+def promote_runs(uri: str, name: str) -> list:
+    """The MLflow runs `ctrflow promote --model name` logged, newest first."""
+    client = mlflow.MlflowClient(uri)
+    experiment = client.get_experiment_by_name("registry-gate")
+    return client.search_runs([experiment.experiment_id], f"params.model = '{name}'",
+                              order_by=["attributes.start_time DESC"])
+
+
+def test_the_gate_refuses_a_worse_candidate_on_the_same_rows_and_records_it(mlflow_uri, trained, capsys):
+    from ctrflow.evaluate import evaluate
+
+    data, name = trained / "data", MODEL + "-gate"
+    scored = {n: evaluate(data, trained / f"ckpt{n}", trained / f"gate{n}") for n in (2, 40)}
+    aucs, rows = {n: s["auc"] for n, s in scored.items()}, scored[40]["rows"]
+    assert aucs[40] > aucs[2] > 0.5  # 40 steps rank better than 2
+    flags = ["promote", "--model", name, "--data", str(data), "--tracking-uri", mlflow_uri,
+             "--experiment", "registry-gate"]
+    best = register(mlflow_uri, name, trained / "ckpt40", data)
+    assert main(flags) == 0
+    worse = register(mlflow_uri, name, trained / "ckpt2", data)
+    capsys.readouterr()
+
+    assert main(flags) == 1
+
+    line = capsys.readouterr().out.strip()
+    assert line == (f"not promoted: candidate version {worse} AUC {aucs[2]:.6f} < champion version {best} AUC "
+                    f"{aucs[40]:.6f} + min gain 0 (gain {aucs[2] - aucs[40]:+.6f}) on {rows} rows of {data}/valid")
+    assert champion(mlflow_uri, name) == best
+    run = promote_runs(mlflow_uri, name)[0]
+    assert run.data.tags["promoted"] == "false" and run.data.tags["champion_version_after"] == best
+    assert run.data.metrics["candidate_auc"] == pytest.approx(aucs[2], abs=1e-9)
+    assert run.data.metrics["champion_auc"] == pytest.approx(aucs[40], abs=1e-9)
+    assert run.data.metrics["rows"] == rows == 3000 and run.data.params["split"] == "valid"
+    version = mlflow.MlflowClient(mlflow_uri).get_model_version(name, worse)
+    assert version.tags["ctrflow.promotion"].startswith(f"refused: candidate version {worse} AUC")
+
+
+def test_min_gain_asks_for_a_real_improvement(mlflow_uri, trained):
+    from ctrflow.promotion import promote
+
+    data, name = trained / "data", MODEL + "-gain"
+    first = register(mlflow_uri, name, trained / "ckpt40", data)
+    assert promote(name, mlflow_uri, data=data).promoted
+    same = register(mlflow_uri, name, trained / "ckpt40", data)  # the same weights: gain exactly 0
+
+    refused = promote(name, mlflow_uri, data=data, min_gain=0.001)
+    assert not refused.promoted and champion(mlflow_uri, name) == first
+    assert refused.candidate_auc == refused.champion_auc and refused.rows == 3000
+
+    assert promote(name, mlflow_uri, data=data, min_gain=0.0).promoted
+    assert champion(mlflow_uri, name) == same
+
+
+def test_a_candidate_at_chance_is_never_promoted(mlflow_uri, trained):
+    from ctrflow.promotion import promote
+
+    name = MODEL + "-chance"
+    register(mlflow_uri, name, trained / "ckpt40", trained / "data", auc=0.5)
+
+    verdict = promote(name, mlflow_uri)  # no champion yet, and still refused
+
+    assert not verdict.promoted and "at or below chance (0.5)" in verdict.reason
+    assert "champion" not in mlflow.MlflowClient(mlflow_uri).get_registered_model(name).aliases
+
+
+def test_a_candidate_that_cannot_score_the_holdout_is_refused_in_one_line(mlflow_uri, trained, tmp_path, capsys,
+                                                                         monkeypatch):
+    data, name = trained / "data", MODEL + "-unscorable"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "none")
+    other = tmp_path / "other"  # a model of another dataset: its features are not the holdout's
+    steps = [["synth", "--dataset", "movielens-like", "--rows", "1000", "--days", "2", "--seed", "1",
+              "--out", str(tmp_path / "raw")],
+             ["preprocess", "--dataset", str(tmp_path / "raw" / "movielens.yaml"), "--train",
+              str(tmp_path / "raw" / "day_0.csv"), "--valid", str(tmp_path / "raw" / "day_1.csv"), "--out", str(other)],
+             ["train", "--data", str(other), "--model", "dlrm", "--out", str(tmp_path / "ckpt"), "--max-steps", "2",
+              "--batch-size", "128", "--embedding-dim", "8"]]
+    for argv in steps:
+        assert main(argv) == 0, f"ctrflow {argv[0]} failed"
+    best = register(mlflow_uri, name, trained / "ckpt40", data)
+    assert main(["promote", "--model", name, "--data", str(data), "--tracking-uri", mlflow_uri]) == 0
+    stranger = register(mlflow_uri, name, tmp_path / "ckpt", other)
+    capsys.readouterr()
+
+    assert main(["promote", "--model", name, "--data", str(data), "--tracking-uri", mlflow_uri]) == 1
+
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1
+    assert out.startswith(f"not promoted: candidate version {stranger} cannot score {data}/valid: the checkpoint was "
+                          "trained on other features: dense features differ: only in the checkpoint age, price; "
+                          "only here I1, I2, I3, I4 (+9 more)")
+    assert champion(mlflow_uri, name) == best

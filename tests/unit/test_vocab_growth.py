@@ -15,8 +15,7 @@ from ctrflow.errors import UserError
 from ctrflow.preprocess.run import preprocess
 from ctrflow.schema import Schema
 from tests.fixtures.tables import movie_rows, write_csv, write_description
-from test_preprocess import random_rows, row, write
-from test_preprocess_fanout import _fan_out
+from tests.fixtures.preprocess import random_rows, row, write
 
 THRESHOLD = 3
 

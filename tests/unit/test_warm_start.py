@@ -17,41 +17,24 @@ import torch
 from ctrflow.checkpoint import load_model, read_meta, resolve_checkpoint
 from ctrflow.checkpoint.tables import load_file
 from ctrflow.cli import main
-from ctrflow.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
-from ctrflow.datasets.movielens.synth import synthesize
+from ctrflow.config import ModelConfig, OptimConfig
 from ctrflow.errors import UserError
 from ctrflow.models import build_model, embedding_collections
 from ctrflow.preprocess.run import preprocess
 from ctrflow.schema import Schema
-from ctrflow.train.lineage import check_descendant
+from ctrflow.lineage import check_descendant
 from ctrflow.train.loop import train
 from tests.fixtures.tables import read_split
 from tests.fixtures.training import write_processed
+from tests.fixtures.warm_start import config, make_days
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
 def days(tmp_path_factory):
-    """Two movielens-like days: d0 (day 0, valid day 1), d1 (day 1 grown from d0, valid day 0), d1_fresh
-    (day 1 from scratch, every value kept), and a checkpoint trained on d0 (a few steps; `auto`: Adam on its tables, all under 1,000 rows)."""
-    root = tmp_path_factory.mktemp("warm")
-    synthesize(root / "raw", rows=6000, days=2, seed=3)
-    description = str(root / "raw" / "movielens.yaml")
-    day0, day1 = str(root / "raw" / "day_0.csv"), str(root / "raw" / "day_1.csv")
-    dirs = {name: root / name for name in ("d0", "d1", "d1_fresh")}
-    preprocess([day0], [day1], dirs["d0"], dataset=description, workers=1)
-    preprocess([day1], [day0], dirs["d1"], dataset=description, workers=1, vocab_from=dirs["d0"])
-    preprocess([day1], [day0], dirs["d1_fresh"], dataset=description, workers=1, freq_threshold=1)  # larger
-    train(config(dirs["d0"], root / "k0", max_steps=6))
-    return {**dirs, "k0": root / "k0", "root": root, "raw": root / "raw"}
-
-
-def config(data, out, **changes) -> TrainConfig:
-    base = TrainConfig(out=str(out), data=DataConfig(path=str(data), batch_size=512, prefetch=2),
-                       model=ModelConfig(name="dlrm", embedding_dim=16), optim=OptimConfig(lr=0.01, sparse_lr=0.05),
-                       progress=False, threads=1, log_every=1, seed=4)
-    return dataclasses.replace(base, **changes)
+    """The two days and the day-0 checkpoint (`tests.fixtures.warm_start.make_days`)."""
+    return make_days(tmp_path_factory.mktemp("warm"))
 
 
 def table_state(ckpt, table: str, key: str) -> torch.Tensor:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -16,9 +17,16 @@ from ctrflow.schema import Schema
 from ctrflow.train.distributed import Runtime, init_runtime
 from ctrflow.train.optim import build_optimizers
 from ctrflow.train.warm_start import warm_start
-from test_checkpoint_tables import assert_same, snapshot
-from test_checkpoint_tables_gloo import build_sharded
-from test_warm_start import config, days  # noqa: F401 (module fixture)
+from tests.fixtures.checkpoint import assert_same, build_sharded, snapshot
+from tests.fixtures.warm_start import config, make_days
+
+
+
+@pytest.fixture(scope="module")
+def days(tmp_path_factory):
+    """The two days and the day-0 checkpoint (`tests.fixtures.warm_start.make_days`)."""
+    return make_days(tmp_path_factory.mktemp("warm"))
+
 
 CASES = {"plain-row": (False, "row", "auto"), "fused-table": (True, "table", "lazy_adam")}
 
@@ -56,7 +64,7 @@ def worker(rank, world, store, days, expected, failures):
         dist.destroy_process_group()
 
 
-def test_two_processes_load_a_one_process_checkpoint_with_grown_tables(days, tmp_path):  # noqa: F811
+def test_two_processes_load_a_one_process_checkpoint_with_grown_tables(days, tmp_path):
     expected = {name: one_process(days, sparse) for name, (_, _, sparse) in CASES.items()}
     old = Schema.load(days["d0"]).cardinalities
     assert expected["plain-row"]["weights"]["embeddings.t_userId"].shape[0] > old["userId"]  # grown

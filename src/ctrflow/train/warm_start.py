@@ -10,7 +10,7 @@ moments carry on, they are not restarted) are the checkpoint's. Any process coun
 fused, sharded) loads any checkpoint, as a resume does: whole tables by name, one at a time.
 
 Refused with one line naming the difference: a checkpoint of another architecture, data with other
-features, or vocabularies that do not extend the checkpoint's (`ctrflow.train.lineage`).
+features, or vocabularies that do not extend the checkpoint's (`ctrflow.lineage`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ctrflow.embedding.collection import deferred_tables
 from ctrflow.errors import UserError
 from ctrflow.models import build_model
 from ctrflow.schema import Schema
-from ctrflow.train.lineage import check_descendant
+from ctrflow.lineage import check_descendant
 
 if TYPE_CHECKING:
     from ctrflow.train.distributed import Runtime
