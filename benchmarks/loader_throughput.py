@@ -74,6 +74,14 @@ def write_split(root: Path, rows: int, part_rows: int, group_rows: int | None, s
         list(pool.map(write, range(-(-rows // part_rows))))
 
 
+def write_schema(root: Path, args) -> None:
+    """`root/schema.json`: Criteo's features with the table sizes `write_split` drew ids from."""
+    sizes = [10 ** (1 + i % 6) if args.data == "zipf" else CARDINALITY for i in range(len(SPARSE))]
+    cardinalities = dict(zip(SPARSE, sizes))
+    Schema(cardinalities=cardinalities, features=criteo_features(cardinalities), freq_threshold=1,
+           rows={"train": args.rows}, vocab_hash=f"loader-benchmark-{args.data}").save(root / "schema.json")
+
+
 def time_epochs(loader, device: torch.device, epochs: int, limit: int | None) -> dict:
     """Samples/s over `epochs` epochs (the first is a warm-up and not counted), and the wait for
     each epoch's first batch (the stream's first window). The stream is bound by its decode threads,
@@ -224,13 +232,12 @@ def main(argv=None) -> dict:
     if args.write_only:
         write_split(Path(args.write_only), args.rows, args.part_rows, args.row_group_rows, 0, args.compression,
                     args.data)
-        sizes = [10 ** (1 + i % 6) if args.data == "zipf" else CARDINALITY for i in range(len(SPARSE))]
-        Schema(cardinalities=dict(zip(SPARSE, sizes)), features=criteo_features(dict(zip(SPARSE, sizes))), freq_threshold=1, rows={"train": args.rows},
-               vocab_hash=f"loader-benchmark-{args.data}").save(Path(args.write_only) / "schema.json")
+        write_schema(Path(args.write_only), args)
         return result
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         t0 = time.perf_counter()
         write_split(Path(tmp), args.rows, args.part_rows, args.row_group_rows, 0, args.compression, args.data)
+        write_schema(Path(tmp), args)  # the loaders read the features there
         result["write_s"] = time.perf_counter() - t0
         result["parquet_gib"] = sum(p.stat().st_size for p in Path(tmp, "train").iterdir()) / 2**30
         result["parquet_bytes"] = sum(p.stat().st_size for p in Path(tmp, "train").iterdir())

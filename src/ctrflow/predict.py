@@ -53,7 +53,8 @@ def _batches(model: nn.Module, dense: np.ndarray, sparse: np.ndarray, batch_size
 
 
 def score_logits(model: nn.Module, dense: np.ndarray, sparse: np.ndarray, batch_size: int = SCORE_BATCH) -> np.ndarray:
-    """Logits [N] float32 of `model` (on any device) on dense [N, 13] and sparse [N, 26] ids, in row order."""
+    """Logits [N] float32 of `model` (on any device) on dense [N, num_dense] and sparse [N, slots] ids (the
+    feature contract's batch layout, `ctrflow.features`), in row order."""
     out = np.empty(len(dense), dtype=np.float32)
     with torch.inference_mode():
         for start, stop, inputs in _batches(model, dense, sparse, batch_size):
@@ -62,7 +63,8 @@ def score_logits(model: nn.Module, dense: np.ndarray, sparse: np.ndarray, batch_
 
 
 def score(model: nn.Module, dense: np.ndarray, sparse: np.ndarray, batch_size: int = SCORE_BATCH) -> np.ndarray:
-    """Probabilities [N] float32, computed exactly as the exported model computes them."""
+    """Probabilities [N] float32 of dense [N, num_dense] and sparse [N, slots] ids (as `score_logits`),
+    computed exactly as the exported model computes them."""
     wrapped = ProbabilityModel(model).eval()
     out = np.empty(len(dense), dtype=np.float32)
     with torch.inference_mode():

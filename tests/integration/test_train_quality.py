@@ -32,3 +32,37 @@ def test_one_epoch_of_dlrm_reaches_most_of_the_teacher_auc(tmp_path):
     assert summary["valid_auc"] - 0.5 >= 0.7 * (teacher - 0.5), (summary["valid_auc"], teacher)
     last = json.loads((tmp_path / "ckpt" / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["auc"] == pytest.approx(summary["valid_auc"])
+
+
+def test_every_model_is_above_chance_at_every_step_on_small_data(tmp_path):
+    """20,000 rows a day, one epoch of 9 steps of 2,048, validation after every step: no model may
+    rank below chance at any step (a model that starts at 0.5 spends its first steps pushing every
+    score down, the most frequent ids the most, and ranks them backwards)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from ctrflow.config import DataConfig, ModelConfig, TrainConfig
+    from ctrflow.schema import Schema
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        synthesize(tmp_path / "raw", rows=20_000, days=2, seed=0)
+        preprocess([str(tmp_path / "raw" / "day_0.tsv")], [str(tmp_path / "raw" / "day_1.tsv")],
+                   tmp_path / "data", progress=False)
+        schema = Schema.load(tmp_path / "data")
+        if schema.label_rate is None:  # a schema written without the training click rate: record it
+            labels = np.concatenate([pq.read_table(p, columns=["label"]).column("label").to_numpy()
+                                     for p in sorted((tmp_path / "data" / "train").glob("part-*.parquet"))])
+            dataclasses.replace(schema, label_rate=float(labels.mean())).save(tmp_path / "data" / "schema.json")
+        for name in ("dlrm", "dcnv2", "deepfm", "wide_deep"):
+            out = tmp_path / name
+            train(TrainConfig(out=str(out), data=DataConfig(path=str(tmp_path / "data"), batch_size=2048),
+                              model=ModelConfig(name=name), epochs=1, eval_every=1, log_every=1, progress=False))
+            records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+            aucs = [r["auc"] for r in records if "auc" in r]
+            assert len(aucs) == 9, name
+            assert min(aucs) > 0.55, (name, aucs)
+            assert records[0]["loss"] < 0.6, (name, records[0])  # not ln 2: the first predictions are the click rate
+    finally:
+        torch.set_num_threads(threads)

@@ -85,6 +85,9 @@ def test_missing_split_or_column_is_a_user_error(tmp_path, data_dir):
                    (tmp_path / "part-00000.parquet"))
     (tmp_path / "x").mkdir()
     (tmp_path / "part-00000.parquet").rename(tmp_path / "x" / "part-00000.parquet")
+    with pytest.raises(UserError, match="no schema.json"):  # the loaders read the feature contract there
+        ParquetDataset(tmp_path, "x")
+    (tmp_path / "schema.json").write_text((data_dir / "schema.json").read_text())
     with pytest.raises(UserError, match="missing column.*I4"):
         ParquetDataset(tmp_path, "x")
 

@@ -75,3 +75,79 @@ def test_embedding_collections_finds_every_table_and_can_swap_one():
 def test_unknown_model_is_refused_with_the_choices():
     with pytest.raises(ValueError, match="dlrm"):
         build_model("transformer", Features.categorical(SIZES, 13), 8)
+
+
+# --- any feature set: multi-hot bags, no dense features, no sparse features ---------------------------------------
+
+import math  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from multihot_fixtures import draw_rows, mixed_features  # noqa: E402
+
+FEATURE_SETS = {"multi_hot": mixed_features(2, 2, 2), "no_dense": mixed_features(0, 1, 2),
+                "no_sparse": mixed_features(3, 0, 0)}
+
+
+def feature_problem(features: Features, rows: int = 256, seed: int = 0):
+    """(dense, sparse, labels) tensors with labels from a hidden logistic model of every input."""
+    rng = np.random.default_rng(seed)
+    dense, sparse = draw_rows(features, rows, rng)
+    logits = np.full(rows, -1.0)
+    for f, (a, b) in zip(features.sparse, features.slot_spans()):
+        w = rng.normal(0, 1.5, f.cardinality)
+        w[0] = 0.0
+        logits += w[sparse[:, a:b]].sum(1) / (b - a) ** 0.5
+    if features.num_dense:
+        logits += 2 * (dense - dense.mean(0)) @ rng.normal(0, 1, features.num_dense)
+    labels = (rng.random(rows) < 1 / (1 + np.exp(-logits))).astype(np.float32)
+    return torch.from_numpy(dense), torch.from_numpy(sparse.astype(np.int64)), torch.from_numpy(labels)
+
+
+@pytest.mark.parametrize("kind", list(FEATURE_SETS))
+@pytest.mark.parametrize("name", list(MODELS))
+def test_every_model_learns_any_feature_set(name, kind):
+    features = FEATURE_SETS[kind]
+    model = build_model(name, features, 8, **ModelConfig(name=name, cross_rank=4).arch_kwargs())
+    optimizers = build_optimizers(model, OptimConfig(lr=3e-3, sparse_lr=0.05))
+    dense, sparse, labels = feature_problem(features)
+    assert dense.shape[1] == features.num_dense and sparse.shape[1] == features.slots
+    losses = []
+    for _ in range(40):
+        loss = F.binary_cross_entropy_with_logits(model(dense, sparse), labels)
+        optimizers.zero_grad()
+        loss.backward()
+        optimizers.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.85 * losses[0], losses
+
+
+def test_dlrm_without_dense_features_has_no_bottom_mlp():
+    model = build_model("dlrm", FEATURE_SETS["no_dense"], 8)
+    assert model.dense_arch is None and not model.interaction.dense
+    assert model.interaction.num_features == 3  # the three sparse features interact among themselves
+    with_dense = build_model("dlrm", FEATURE_SETS["multi_hot"], 8)
+    assert with_dense.dense_arch is not None and with_dense.interaction.num_features == 5
+
+
+def test_dropout_drops_while_training_and_not_in_eval():
+    features = FEATURE_SETS["multi_hot"]
+    dense, sparse, _ = feature_problem(features, rows=64)
+    for name in MODELS:
+        plain = build_model(name, features, 8, seed=2)
+        dropped = build_model(name, features, 8, seed=2, dropout=0.5)
+        assert torch.equal(plain.eval()(dense, sparse), dropped.eval()(dense, sparse)), name  # same weights
+        dropped.train()
+        assert not torch.equal(dropped(dense, sparse), dropped(dense, sparse)), name
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_a_model_starts_at_the_click_rate(name):
+    features = Features.categorical(SIZES, 13)
+    model = build_model(name, features, 8, **ModelConfig(name=name, cross_rank=4).arch_kwargs())
+    model.set_output_bias(0.2)
+    dense, sparse, _ = tiny_problem(512)
+    logits = model(dense, sparse).detach()
+    assert abs(float(logits.median()) - math.log(0.2 / 0.8)) < 0.5, float(logits.median())
+    if model.linear_embeddings is not None:  # first-order terms start at zero, as a linear model does
+        assert torch.equal(model.first_order(dense, sparse), torch.zeros(512))

@@ -10,6 +10,7 @@ from contextvars import ContextVar
 import torch
 from torch import nn
 
+from ctrflow.embedding.pooling import is_one_hot, pool_bags
 from ctrflow.embedding.tables import TableConfig
 
 INIT_BLOCK_ROWS = 1 << 16  # rows drawn from one generator: any row range is drawable on its own
@@ -22,7 +23,10 @@ def init_rows(table: TableConfig, seed: int, index: int, start: int, stop: int) 
     DLRM's uniform(-1/sqrt(n), 1/sqrt(n)), drawn in blocks of `INIT_BLOCK_ROWS` rows, each from a
     generator seeded by (seed, table, block): every process, and every shard of the table, gets the
     same numbers while drawing only the blocks it holds (an MLPerf table is 20 GB in fp32).
+    A table whose `init` is "zeros" (first-order weights) starts at zero.
     """
+    if table.init == "zeros":
+        return torch.zeros(stop - start, table.embedding_dim)
     bound = 1.0 / math.sqrt(table.num_embeddings)
     out = torch.empty(stop - start, table.embedding_dim)
     for block in range(start // INIT_BLOCK_ROWS, -(-stop // INIT_BLOCK_ROWS)):
@@ -68,19 +72,23 @@ def copy_table_rows(collection: nn.Module, index: int, start: int, stop: int, ou
 
 
 class EmbeddingCollection(nn.Module):
-    """One id per feature per sample: ids [B, F] (int) -> embeddings [B, F, D].
+    """Ids [B, S] (each table's `length` slots in order: one per categorical feature) -> [B, T, D],
+    one vector per table: a one-id table's row as is, a multi-hot table's rows pooled by
+    `ctrflow.embedding.pooling.pool_bags` (sum or mean, padding id 0 contributing nothing).
 
     Weights are one parameter per table (`weights[table.name]`); lookups produce sparse
-    gradients so that optimizers touch only the rows a batch used.
+    gradients so that optimizers touch only the rows a batch used. A collection of no tables (a
+    dataset without sparse features) returns [B, 0, D] of `embedding_dim`.
     """
 
-    def __init__(self, tables: list[TableConfig], seed: int = 0):
+    def __init__(self, tables: list[TableConfig], seed: int = 0, embedding_dim: int | None = None):
         super().__init__()
-        dims = {t.embedding_dim for t in tables}
+        dims = {t.embedding_dim for t in tables} | ({embedding_dim} if embedding_dim is not None else set())
         if len(dims) != 1:
             raise ValueError(f"all tables of one collection need one embedding_dim, got {sorted(dims)}")
         self.tables = list(tables)
         self.embedding_dim = dims.pop()
+        self.one_hot = is_one_hot(self.tables)
         self.seed, self.deferred = seed, _DEFERRED.get()
         self.weights = nn.ParameterDict(
             {t.name: nn.Parameter(torch.empty(t.num_embeddings, t.embedding_dim, device="meta") if self.deferred
@@ -95,11 +103,19 @@ class EmbeddingCollection(nn.Module):
             self.deferred = False
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        columns = [
-            nn.functional.embedding(ids[:, i], self.weights[t.name], sparse=True)
-            for i, t in enumerate(self.tables)
-        ]
-        return torch.stack(columns, dim=1)  # [B, F, D]
+        if not self.tables:
+            return torch.zeros(ids.shape[0], 0, self.embedding_dim, device=ids.device)
+        if self.one_hot:
+            columns = [
+                nn.functional.embedding(ids[:, i], self.weights[t.name], sparse=True)
+                for i, t in enumerate(self.tables)
+            ]
+            return torch.stack(columns, dim=1)  # [B, F, D]
+        slots, start = [], 0
+        for t in self.tables:  # every slot's row, [B, length, D] per table
+            slots.append(nn.functional.embedding(ids[:, start:start + t.length], self.weights[t.name], sparse=True))
+            start += t.length
+        return pool_bags(torch.cat(slots, dim=1), ids, self.tables)  # [B, S, D] -> [B, T, D]
 
     def full_weights(self) -> dict[str, torch.Tensor]:
         """Whole tables by name, for topology-independent checkpoints and export (draws a deferred

@@ -6,6 +6,9 @@ hands them here: a one-id table's slot is its vector as is (id 0, "missing", has
 multi-hot table's slots are pooled, padding (id 0) contributing nothing: `sum` adds the vectors of
 its non-padding ids, `mean` divides that sum by their count (an empty bag gives zeros either way).
 Backward follows from the same arithmetic: a padding slot's vector gets a zero gradient.
+`slot_scales` states it per slot (each slot's weight in its table's output: 1 for a one-id table,
+0 for padding, 1 for a sum bag's id, 1/count for a mean bag's), so collections that apply the
+gradient themselves (the fused ones) feed grad[:, table] x scale to their row update.
 """
 
 from __future__ import annotations
@@ -31,6 +34,25 @@ def is_one_hot(tables: Sequence[TableConfig]) -> bool:
 def slot_tables(tables: Sequence[TableConfig]) -> list[int]:
     """The table index of every slot, [S]."""
     return [i for i, t in enumerate(tables) for _ in range(t.length)]
+
+
+def slot_scales(ids: torch.Tensor, tables: Sequence[TableConfig]) -> torch.Tensor:
+    """ids [B, S] -> [B, S] float32: each slot's weight in its table's output (module doc), so that
+    pool_bags(values)[:, t] = sum over t's slots s of values[:, s] * scale[:, s]."""
+    out, start = [], 0
+    for t in tables:
+        stop = start + t.length
+        if t.pooling is None:
+            out.append(torch.ones(ids.shape[0], t.length, device=ids.device))
+        else:
+            present = (ids[:, start:stop] != PADDING_ID).float()  # [B, L]
+            if t.pooling == "mean":
+                present = present / present.sum(dim=1, keepdim=True).clamp_min(1)
+            out.append(present)
+        start = stop
+    if not out:
+        return torch.zeros(ids.shape[0], 0, device=ids.device)
+    return torch.cat(out, dim=1)
 
 
 def pool_bags(values: torch.Tensor, ids: torch.Tensor, tables: Sequence[TableConfig]) -> torch.Tensor:

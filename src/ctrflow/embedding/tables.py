@@ -20,6 +20,7 @@ class TableConfig:
     feature: str
     length: int = 1
     pooling: str | None = None  # None: one id per sample, looked up as is (id 0 = missing has a row)
+    init: str = "uniform"  # DLRM's uniform(-1/sqrt(rows), 1/sqrt(rows)) | "zeros" (first-order weights)
 
     @property
     def bytes(self) -> int:
@@ -27,29 +28,32 @@ class TableConfig:
         return self.num_embeddings * self.embedding_dim * 4
 
 
-def tables_for(features, dim: int, prefix: str = "t") -> list[TableConfig]:
+def tables_for(features, dim: int, prefix: str = "t", init: str = "uniform") -> list[TableConfig]:
     """One table per sparse feature (`ctrflow.features.Feature`), sized by its cardinality."""
     return [TableConfig(f"{prefix}_{f.name}", int(f.cardinality), dim, f.name, f.width,
-                        f.pooling if f.kind == "multi_hot" else None) for f in features]
+                        f.pooling if f.kind == "multi_hot" else None, init) for f in features]
 
 
 def check_ids(ids, tables: list[TableConfig]) -> None:
     """Raise `UserError` naming the feature when an id lies outside its table (before any lookup).
 
-    `ids` is [B, F] with column f looked up in `tables[f]`. On a GPU this is a device-to-host sync.
+    `ids` is [B, slots]: each table's `length` consecutive slots, in order (one slot per table when
+    every feature is categorical). On a GPU this is a device-to-host sync.
     """
     import torch
 
     from ctrflow.errors import UserError
 
-    if ids.dim() != 2 or ids.shape[1] != len(tables):
-        raise UserError(f"expected ids of shape [batch, {len(tables)}], got {list(ids.shape)}")
-    sizes = torch.tensor([t.num_embeddings for t in tables], device=ids.device)
+    slots = sum(t.length for t in tables)
+    if ids.dim() != 2 or ids.shape[1] != slots:
+        raise UserError(f"expected ids of shape [batch, {slots}], got {list(ids.shape)}")
+    owner = [i for i, t in enumerate(tables) for _ in range(t.length)]  # [slots] table of each slot
+    sizes = torch.tensor([tables[i].num_embeddings for i in owner], device=ids.device, dtype=torch.int64)
     bad = (ids < 0) | (ids >= sizes)
     if bool(bad.any()):
-        row, f = (int(x) for x in bad.nonzero()[0])
-        t = tables[f]
+        row, slot = (int(x) for x in bad.nonzero()[0])
+        t = tables[owner[slot]]
         raise UserError(
-            f"feature {t.feature}: id {int(ids[row, f])} in batch row {row} is outside table {t.name} "
+            f"feature {t.feature}: id {int(ids[row, slot])} in batch row {row} is outside table {t.name} "
             f"(0..{t.num_embeddings - 1}); does the data match the schema the model was built from?"
         )

@@ -9,7 +9,8 @@ import torch
 
 @dataclass
 class Batch:
-    """`dense` [B, 13] float32, `sparse` [B, 26] int64 ids, `labels` [B] float32."""
+    """`dense` [B, num_dense] float32, `sparse` [B, slots] int64 ids (each sparse feature's `width`
+    slots in feature order: `ctrflow.features`), `labels` [B] float32. Criteo: [B, 13] and [B, 26]."""
 
     dense: torch.Tensor
     sparse: torch.Tensor

@@ -23,34 +23,37 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
 from ctrflow.loaders.batch import Batch
-from ctrflow.schema import LABEL
-from ctrflow.datasets.criteo.columns import DENSE, SPARSE
+from ctrflow.loaders.layout import (RowLayout, bad_id_message, check_columns, column_values, first_bad_ids,
+                                    read_features)
 from ctrflow.errors import UserError
-
-INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+from ctrflow.features import Feature, Features
 
 
 class ParquetDataset:
-    """One split in host memory: `labels` [N] f32, `dense` [N, 13] f32, `sparse` [N, 26] int32.
+    """One split in host memory: `labels` [N] f32, `dense` [N, num_dense] f32, `sparse` [N, slots]
+    int32 (the feature contract of `data_dir/schema.json`, or `features`; `ctrflow.loaders.layout`).
 
-    With `table_sizes`, every id is checked against its table once, here on the CPU, so a bad id
-    is reported by file, row and feature instead of as a device-side assert during lookup.
+    With `table_sizes` (one per sparse feature), every id is checked against its table once, here
+    on the CPU, so a bad id is reported by file, row and feature instead of as a device-side assert
+    during lookup.
     """
 
-    def __init__(self, data_dir: str | Path, split: str, table_sizes: Sequence[int] | None = None):
+    def __init__(self, data_dir: str | Path, split: str, table_sizes: Sequence[int] | None = None,
+                 features: Features | None = None):
         self.files = sorted((Path(data_dir) / split).glob("part-*.parquet"))
         if not self.files:
             raise UserError(f"{Path(data_dir) / split}: no part-*.parquet files (run `ctrflow preprocess` first)")
+        self.features = features if features is not None else read_features(data_dir)
+        self.layout = RowLayout(self.features)
         labels, dense, sparse = [], [], []
         for path in self.files:
-            lab, den, spa = _read_part(path)
+            lab, den, spa = _read_part(path, self.layout)
             if table_sizes is not None:
-                check_ids(spa, table_sizes, where=str(path))
+                check_ids(spa, table_sizes, where=str(path), features=self.features)
             labels.append(lab)
             dense.append(den)
             sparse.append(spa)
@@ -66,48 +69,53 @@ class ParquetDataset:
         return self.labels.nbytes + self.dense.nbytes + self.sparse.nbytes
 
 
-def _read_part(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _read_part(path: Path, layout: RowLayout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     try:
-        table = pq.read_table(path)
+        check_columns(path, pq.read_schema(path), layout)
+        table = pq.read_table(path, columns=layout.names)
+    except UserError:
+        raise
     except Exception as err:  # pyarrow raises several types for unreadable files
         raise UserError(f"{path}: cannot read Parquet ({err})") from None
-    missing = [c for c in (LABEL, *DENSE, *SPARSE) if c not in table.column_names]
-    if missing:
-        raise UserError(f"{path}: missing column(s) {', '.join(missing)}")
-
-    def column(name: str, dtype) -> np.ndarray:
-        values = table.column(name)
-        if values.null_count:
-            raise UserError(f"{path}: column {name} has {values.null_count} null value(s)")
-        return values.to_numpy().astype(dtype, copy=False)
-
-    def ids(name: str) -> np.ndarray:
-        values = column(name, np.int64)
-        kind = table.schema.field(name).type
-        wide = pa.types.is_integer(kind) and (kind.bit_width > 32 or pa.types.is_uint32(kind))
-        if wide and len(values) and (values.min() < INT32_MIN or values.max() > INT32_MAX):
-            row = int(np.argmax((values < INT32_MIN) | (values > INT32_MAX)))
-            raise UserError(f"{path}: row {row}: {name} id {int(values[row])} does not fit in 32 bits (was the "
-                            f"data written by `ctrflow preprocess`?)")
-        return values
-
-    labels = column(LABEL, np.float32)
-    dense = np.stack([column(c, np.float32) for c in DENSE], axis=1)
-    sparse = np.stack([ids(c) for c in SPARSE], axis=1).astype(np.int32)  # checked: nothing truncated
+    rows = table.num_rows
+    labels = np.empty(rows, np.float32)
+    dense = np.empty((rows, layout.num_dense), np.float32)
+    sparse = np.empty((rows, layout.slots), np.int32)
+    for c in layout.columns:
+        values = column_values(str(path), table.column(c.name), c)
+        if not c.is_ids:
+            (labels if c.kind == "label" else dense[:, c.first - 1])[:] = values
+            continue
+        bad = first_bad_ids(values, None)  # checked: nothing is truncated to 32 bits
+        if bad is not None:
+            raise UserError(bad_id_message(str(path), bad, c.name, values[bad], None))
+        start = c.first - layout.first_id
+        np.copyto(sparse[:, start:start + c.width], values.reshape(rows, c.width), casting="unsafe")
     return labels, dense, sparse
 
 
-def check_ids(sparse: np.ndarray, table_sizes: Sequence[int], where: str = "batch") -> None:
-    """Raise `UserError` naming the feature and row of the first id outside [0, table size)."""
-    sizes = np.asarray(table_sizes, dtype=np.int64)
-    bad = (sparse < 0) | (sparse >= sizes)  # [N, 26]
+def check_ids(sparse: np.ndarray, table_sizes: Sequence[int], where: str = "batch",
+              features: Features | Sequence[Feature] | None = None) -> None:
+    """Raise `UserError` naming the feature and row of the first id outside [0, table size).
+
+    `sparse` is [N, slots] with each sparse feature of `features` taking its `width` slots (without
+    `features`: one slot per table, named by position); `table_sizes` has one entry per feature.
+    """
+    sparse_features = getattr(features, "sparse", features)
+    if sparse_features is None:
+        names, widths = [f"sparse feature {k}" for k in range(len(table_sizes))], [1] * len(table_sizes)
+    else:
+        names, widths = [f.name for f in sparse_features], [f.width for f in sparse_features]
+    if len(names) != len(table_sizes) or sparse.ndim != 2 or sparse.shape[1] != sum(widths):
+        raise UserError(f"{where}: expected ids of shape [rows, {sum(widths)}] for {len(names)} sparse "
+                        f"feature(s), got {list(sparse.shape)}")
+    sizes = np.repeat(np.asarray(table_sizes, dtype=np.int64), widths)  # [slots]
+    bad = (sparse < 0) | (sparse >= sizes)  # [N, slots]
     if not bad.any():
         return
-    row, col = (int(i) for i in np.argwhere(bad)[0])
-    raise UserError(
-        f"{where}: row {row}: {SPARSE[col]} id {int(sparse[row, col])} is outside its embedding table "
-        f"of {int(sizes[col])} rows (ids must be in [0, {int(sizes[col])}); does the data match schema.json?)"
-    )
+    row, slot = (int(i) for i in np.argwhere(bad)[0])
+    feature = int(np.searchsorted(np.cumsum(widths), slot, side="right"))
+    raise UserError(bad_id_message(where, row, names[feature], sparse[row, slot], int(sizes[slot])))
 
 
 class BatchLoader:

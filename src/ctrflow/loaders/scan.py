@@ -5,8 +5,8 @@ no process holds it. Rank r of W scores the contiguous rows [N*r/W, N*(r+1)/W) (
 `limit_batches`, N is at most limit x batch_size: the same first rows as the in-memory loader's),
 in batches of batch_size / W rows, through the streaming loader's machinery
 (`ctrflow.loaders.window`): threads decode row groups into page-locked windows, one asynchronous copy
-per window, batches are slices of the device buffer. Memory: 2 x window x 160 B on the host and
-as much on the device, whatever the split's size.
+per window, batches are slices of the device buffer. Memory: 2 x window x row bytes (160 for
+Criteo) on the host and as much on the device, whatever the split's size.
 
 Every process yields the same number of batches (the last ones may be short or empty), so
 forward passes with collectives (sharded tables) stay in step.
@@ -20,9 +20,8 @@ import numpy as np
 import torch
 
 from ctrflow.loaders.batch import Batch
-from ctrflow.datasets.criteo.columns import DENSE, SPARSE
 from ctrflow.loaders.stream import default_threads
-from ctrflow.loaders.stream_plan import ROW_BYTES, ParquetIndex, ScanPlan
+from ctrflow.loaders.stream_plan import ParquetIndex, ScanPlan
 from ctrflow.loaders.window import WindowPipeline
 from ctrflow.errors import UserError
 
@@ -64,7 +63,7 @@ class ScanLoader:
 
     def buffer_bytes(self) -> int:
         """Host (page-locked on a GPU) bytes, and as many device bytes, of the two windows in flight."""
-        return 2 * self.plan().window * ROW_BYTES
+        return 2 * self.plan().window * self.dataset.layout.row_bytes
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[Batch]:
         """Every batch of this process in row order (`epoch`, `start`: as `BatchLoader`'s; evaluation
@@ -82,6 +81,7 @@ class ScanLoader:
             finally:
                 pipe.close()
         for _ in range(max(done, start), self.count):  # shorter shares: empty batches keep collectives in step
-            yield Batch(torch.zeros(0, len(DENSE), device=self.device),
-                        torch.zeros(0, len(SPARSE), dtype=torch.int64, device=self.device),
+            layout = self.dataset.layout
+            yield Batch(torch.zeros(0, layout.num_dense, device=self.device),
+                        torch.zeros(0, layout.slots, dtype=torch.int64, device=self.device),
                         torch.zeros(0, device=self.device))

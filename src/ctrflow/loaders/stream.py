@@ -6,11 +6,12 @@ moves them: threads decode a window's row groups into a page-locked buffer, one 
 takes it to the device, and each batch is one `index_select` there by the window's permutation.
 
 Two windows are in flight (double buffering), so host and device memory are bounded by
-`buffer_bytes()` (2 x lanes-of-this-process x window x 160 B, plus the index) whatever the
-split's size. On the CPU the same code runs without the copy. Resuming at (epoch, batch i) starts
-at i's window: the skipped windows are not read. When an epoch is read to its end, the next
-epoch's first window is filled meanwhile (while the last window trains and validation runs) in the
-same buffers, so the next epoch neither waits for it nor allocates.
+`buffer_bytes()` (2 x lanes-of-this-process x window x row bytes, plus the index; a row is 160 B
+for Criteo, `ctrflow.loaders.layout`) whatever the split's size. On the CPU the same code runs
+without the copy. Resuming at (epoch, batch i) starts at i's window: the skipped windows are not
+read. When an epoch is read to its end, the next epoch's first window is filled meanwhile (while
+the last window trains and validation runs) in the same buffers, so the next epoch neither waits
+for it nor allocates.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 
 from ctrflow.loaders.batch import Batch
-from ctrflow.loaders.stream_plan import ROW_BYTES, EpochPlan, ParquetIndex
+from ctrflow.loaders.stream_plan import EpochPlan, ParquetIndex
 from ctrflow.loaders.window import WindowPipeline
 from ctrflow.errors import UserError
 
@@ -39,7 +40,8 @@ def default_threads() -> int:
 
 def choose_loader(mode: str, split_bytes: int, device: torch.device, host_bytes: int | None = None,
                   local_processes: int | None = None) -> str:
-    """`"memory"` or `"stream"` for a train split of `split_bytes` (160 a row) under `--loader mode`.
+    """`"memory"` or `"stream"` for a train split of `split_bytes` (`ParquetIndex.resident_bytes`)
+    under `--loader mode`.
 
     auto: memory when the split is kept on the GPU (at most 1/16 of its memory: 75 M samples/s, an
     exact permutation per epoch); on a GPU otherwise stream (the host-gather fallback gives ~5 M/s);
@@ -100,7 +102,7 @@ class StreamLoader:
 
     def buffer_bytes(self) -> int:
         """Host (page-locked) bytes, and as many device bytes, of the two windows in flight."""
-        return 2 * len(self.own_lanes) * self.plan(0).window * (ROW_BYTES + 4)
+        return 2 * len(self.own_lanes) * self.plan(0).window * (self.dataset.layout.row_bytes + 4)
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[Batch]:
         """Global batches `start`, `start + 1`, ... of `epoch` (this process's rows), on `device`."""

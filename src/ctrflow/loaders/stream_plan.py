@@ -26,16 +26,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ctrflow.schema import LABEL
-from ctrflow.datasets.criteo.columns import DENSE, SPARSE
 from ctrflow.errors import UserError
-
-COLUMNS = (LABEL, *DENSE, *SPARSE)
-ROW_BYTES = 4 * len(COLUMNS)  # label, dense as float32, ids as int32: 160 bytes a row
-FIRST_ID_COLUMN = 1 + len(DENSE)  # COLUMNS[FIRST_ID_COLUMN:] are the sparse ids
+from ctrflow.features import Features
+from ctrflow.loaders.layout import RowLayout, check_columns, column_values, read_features
 
 
 class ParquetIndex:
@@ -44,14 +39,17 @@ class ParquetIndex:
     Arrays, one entry per non-empty row group ("piece"): `piece_file` (index into `files`),
     `piece_group` (row group within the file), `piece_rows`, `piece_first_row` (within the file).
     A file that cannot be opened, a missing column or a non-integer id column is a `UserError`.
+    The columns are those of the feature contract (`data_dir/schema.json`'s, or `features`): `layout`
+    (`ctrflow.loaders.layout.RowLayout`) says where each lands in a row of 32-bit words.
     """
 
-    def __init__(self, data_dir: str | Path, split: str, threads: int = 8):
+    def __init__(self, data_dir: str | Path, split: str, threads: int = 8, features: Features | None = None):
         self.files = sorted((Path(data_dir) / split).glob("part-*.parquet"))
         if not self.files:
             raise UserError(f"{Path(data_dir) / split}: no part-*.parquet files (run `ctrflow preprocess` first)")
+        self.layout = RowLayout(features if features is not None else read_features(data_dir))
         with ThreadPoolExecutor(max(1, threads)) as pool:
-            group_rows = list(pool.map(_footer_rows, self.files))
+            group_rows = list(pool.map(lambda path: _footer_rows(path, self.layout), self.files))
         file_index, groups, rows, first = [], [], [], []
         for i, counts in enumerate(group_rows):
             starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
@@ -68,47 +66,33 @@ class ParquetIndex:
         return self.rows
 
     def resident_bytes(self) -> int:
-        """Bytes the whole split would take in memory (160 a row), as `ParquetDataset.resident_bytes`."""
-        return len(self) * ROW_BYTES
+        """Bytes the whole split would take in memory (`layout.row_bytes` a row: 160 for Criteo), as
+        `ParquetDataset.resident_bytes`."""
+        return len(self) * self.layout.row_bytes
 
     def where(self, piece: int) -> str:
         """`"FILE: row group G"` for messages."""
         return f"{self.files[self.piece_file[piece]]}: row group {self.piece_group[piece]}"
 
     def read(self, piece: int) -> dict[str, np.ndarray]:
-        """One row group's columns as numpy arrays (zero-copy views where the types allow)."""
+        """One row group's columns as numpy arrays, [n] or [n, max_length] for a multi-hot column
+        (zero-copy views where the types allow)."""
         path = self.files[self.piece_file[piece]]
         try:
-            table = pq.ParquetFile(path).read_row_group(int(self.piece_group[piece]), columns=list(COLUMNS),
+            table = pq.ParquetFile(path).read_row_group(int(self.piece_group[piece]), columns=self.layout.names,
                                                         use_threads=False)
         except Exception as err:  # pyarrow raises several types for unreadable data
             raise UserError(f"{self.where(piece)}: cannot read Parquet ({err})") from None
-        out = {}
-        for name in COLUMNS:
-            values = table.column(name)
-            if values.null_count:
-                raise UserError(f"{self.where(piece)}: column {name} has {values.null_count} null value(s)")
-            single = values.chunk(0) if values.num_chunks == 1 else values.combine_chunks()
-            out[name] = single.to_numpy(zero_copy_only=False)  # no copy: fixed width, no nulls
-        return out
+        return {c.name: column_values(self.where(piece), table.column(c.name), c) for c in self.layout.columns}
 
 
-def _footer_rows(path: Path) -> list[int]:
+def _footer_rows(path: Path, layout: RowLayout) -> list[int]:
     """Rows of each row group of `path`; checks that every column is there with a usable type."""
     try:
         parquet = pq.ParquetFile(path)
     except Exception as err:
         raise UserError(f"{path}: cannot read Parquet ({err})") from None
-    schema = parquet.schema_arrow
-    missing = [c for c in COLUMNS if c not in schema.names]
-    if missing:
-        raise UserError(f"{path}: missing column(s) {', '.join(missing)}")
-    for name in COLUMNS:
-        kind = schema.field(name).type
-        numeric = pa.types.is_integer(kind) or (name not in SPARSE and pa.types.is_floating(kind))
-        if not numeric:
-            raise UserError(f"{path}: column {name} has type {kind}, expected "
-                            f"{'integer ids' if name in SPARSE else 'numbers'}")
+    check_columns(path, parquet.schema_arrow, layout)
     meta = parquet.metadata
     return [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
 

@@ -5,8 +5,9 @@ Shared by the shuffled training stream (`ctrflow.loaders.stream`) and the in-ord
 Per window (every lane of this process, `plan.window` rows each):
 
 1. a pool of threads decodes the window's row groups (pyarrow releases the GIL) and copies each
-   column, contiguous, into a page-locked host buffer [40, lanes * window] of 32-bit words (ids
-   checked on the way); a shuffled plan's permuted batch indices are drawn there too;
+   column, contiguous, into a page-locked host buffer [words, lanes * window] of 32-bit words (the
+   row layout of `ctrflow.loaders.layout`: label, dense, then every sparse slot; 40 words for
+   Criteo; ids checked on the way); a shuffled plan's permuted batch indices are drawn there too;
 2. one asynchronous host-to-device copy of that buffer (and of the index) on a side stream;
 3. the consumer cuts batches out of the device buffer: no per-row work on the host.
 
@@ -26,11 +27,8 @@ import numpy as np
 import torch
 
 from ctrflow.loaders.batch import Batch
-from ctrflow.datasets.criteo.columns import SPARSE
-from ctrflow.loaders.stream_plan import COLUMNS, FIRST_ID_COLUMN
+from ctrflow.loaders.layout import RowLayout, bad_id_message, first_bad_ids
 from ctrflow.errors import UserError
-
-INT32_LIMIT = 1 << 31
 
 
 class Source(Protocol):
@@ -43,12 +41,14 @@ class Source(Protocol):
 
 
 class Slot:
-    """One window's buffers: host [40, lanes * window] int32 words (+ batch index when `indexed`),
-    and their device copies."""
+    """One window's buffers: host [words, lanes * window] int32 words (+ batch index when `indexed`),
+    and their device copies (`layout`: which words are what)."""
 
-    def __init__(self, lanes: int, window: int, lane_batch: int, device: torch.device, indexed: bool = True):
+    def __init__(self, layout: RowLayout, lanes: int, window: int, lane_batch: int, device: torch.device,
+                 indexed: bool = True):
         pinned = device.type == "cuda"
-        shape, index_shape = (len(COLUMNS), lanes * window), (window // lane_batch, lanes * lane_batch)
+        self.first_id = layout.first_id
+        shape, index_shape = (layout.words, lanes * window), (window // lane_batch, lanes * lane_batch)
         self.host = torch.empty(shape, dtype=torch.int32, pin_memory=pinned)
         self.host_index = torch.empty(index_shape, dtype=torch.int32, pin_memory=pinned) if indexed else None
         self.data, self.index = self.host, self.host_index
@@ -60,19 +60,20 @@ class Slot:
             self.copied, self.freed = torch.cuda.Event(), torch.cuda.Event()
 
     def batch(self, k: int) -> Batch:
-        """The window's k-th batch by its permuted index: one gather of the [40, n] words."""
-        return _split(self.data.index_select(1, self.index[k]))  # [40, rows of this process]
+        """The window's k-th batch by its permuted index: one gather of the [words, n] words."""
+        return _split(self.data.index_select(1, self.index[k]), self.first_id)  # [words, rows of this process]
 
     def span(self, lo: int, hi: int) -> Batch:
         """Rows [lo, hi) of the window, in order (copied out: the slot is refilled after `release`)."""
-        batch = _split(self.data[:, lo:hi])
+        batch = _split(self.data[:, lo:hi], self.first_id)
         return Batch(batch.dense, batch.sparse, batch.labels.clone())
 
 
-def _split(words: torch.Tensor) -> Batch:
-    """[40, n] words -> Batch(dense [n, 13] f32, ids [n, 26] int64, labels [n] f32)."""
-    dense = words[1:FIRST_ID_COLUMN].view(torch.float32).t().contiguous()
-    sparse = words[FIRST_ID_COLUMN:].t().to(torch.int64, memory_format=torch.contiguous_format)
+def _split(words: torch.Tensor, first_id: int) -> Batch:
+    """[words, n] -> Batch(dense [n, num_dense] f32, ids [n, slots] int64, labels [n] f32): words
+    [1, first_id) are the dense values, [first_id, words) the sparse slots."""
+    dense = words[1:first_id].view(torch.float32).t().contiguous()
+    sparse = words[first_id:].t().to(torch.int64, memory_format=torch.contiguous_format)
     return Batch(dense, sparse, words[0].view(torch.float32))
 
 
@@ -89,8 +90,8 @@ class WindowPipeline:
                  first: tuple[int, Slot] | None = None, carry: dict | None = None, lookahead=None):
         self.source, self.plan, self.windows, self.lookahead = source, plan, windows, lookahead
         device = source.device
-        self.slots = slots or [Slot(len(source.own_lanes), plan.window, plan.lane_batch, device, plan.indexed)
-                               for _ in range(2)]
+        self.slots = slots or [Slot(plan.index.layout, len(source.own_lanes), plan.window, plan.lane_batch, device,
+                                    plan.indexed) for _ in range(2)]
         self.free = threading.Semaphore(2 - (first is not None))
         self.ready: queue.Queue = queue.Queue()
         if first is not None:
@@ -205,42 +206,27 @@ class WindowPipeline:
         columns = self.carry.get(piece) or plan.index.read(piece)
         start = pos * plan.window + at
         floats = words.view(np.float32)
-        for k, name in enumerate(COLUMNS):
-            values = columns[name][lo:hi]
-            if k >= FIRST_ID_COLUMN:
-                check_window_ids(values, k - FIRST_ID_COLUMN, self.source.sizes, plan.index, piece, lo)
-                np.copyto(words[k, start:start + hi - lo], values, casting="unsafe")
+        for c in plan.index.layout.columns:
+            values = columns[c.name][lo:hi]
+            if c.is_ids:
+                check_window_ids(values, c.feature, self.source.sizes, plan.index, piece, lo)
+                if c.width == 1:
+                    np.copyto(words[c.first, start:start + hi - lo], values, casting="unsafe")
+                else:  # multi-hot [n, width] -> its `width` words of the n rows
+                    np.copyto(words[c.first:c.first + c.width, start:start + hi - lo], values.T, casting="unsafe")
             else:
-                np.copyto(floats[k, start:start + hi - lo], values, casting="unsafe")
+                np.copyto(floats[c.first, start:start + hi - lo], values, casting="unsafe")
         return columns
 
 
 def check_window_ids(ids: np.ndarray, feature: int, sizes: Sequence[int] | None, index, piece: int, lo: int) -> None:
     """`UserError` naming file, row and feature of the first id outside [0, table size), or, without
-    sizes, outside the int32 range the buffers hold (it would be silently truncated)."""
-    if not len(ids):
+    sizes, outside the int32 range the buffers hold (it would be silently truncated). `ids` are
+    rows [lo, ...) of `piece`'s column of sparse feature `feature`: [n], or [n, max_length]."""
+    limit = None if sizes is None else int(sizes[feature])
+    row = first_bad_ids(ids, limit)
+    if row is None:
         return
     file = index.files[index.piece_file[piece]]
-    if sizes is None:
-        if ids.dtype.itemsize < 4 or ids.dtype == np.int32:
-            return
-        if ids.dtype.kind == "u":
-            bad = ids >= INT32_LIMIT if ids.max() >= INT32_LIMIT else None
-        else:
-            bad = (ids < -INT32_LIMIT) | (ids >= INT32_LIMIT) if (ids.min() < -INT32_LIMIT
-                                                                  or ids.max() >= INT32_LIMIT) else None
-        if bad is None:
-            return
-        row = int(np.argmax(bad))
-        raise UserError(f"{file}: row {int(index.piece_first_row[piece]) + lo + row}: "
-                        f"{SPARSE[feature]} id {int(ids[row])} does not fit in 32 bits (was the data written by "
-                        f"`ctrflow preprocess`?)")
-    limit = int(sizes[feature])
-    unsigned = ids.view(np.dtype(f"u{ids.dtype.itemsize}")) if ids.dtype.kind == "i" else ids
-    if unsigned.max() < limit:  # negatives are huge as unsigned: one pass for both bounds
-        return
-    row = int(np.argmax((ids < 0) | (ids >= limit)))
-    raise UserError(
-        f"{file}: row {int(index.piece_first_row[piece]) + lo + row}: {SPARSE[feature]} id {int(ids[row])} is "
-        f"outside its embedding table of {limit} rows (ids must be in [0, {limit}); "
-        f"does the data match schema.json?)")
+    raise UserError(bad_id_message(str(file), int(index.piece_first_row[piece]) + lo + row,
+                                   index.layout.sparse_names[feature], ids[row], limit))

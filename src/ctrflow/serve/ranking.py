@@ -51,14 +51,15 @@ def load_ranking_model(path: str | os.PathLike) -> ProbabilityModel:
     return ProbabilityModel(model).eval()
 
 
-def check_features(dense: np.ndarray, sparse: np.ndarray, table_sizes: list[int]) -> None:
-    """Refuse inputs the model cannot look up, naming the field (instead of an index error)."""
+def check_features(dense: np.ndarray, sparse: np.ndarray, table_sizes: list[int], features=None) -> None:
+    """Refuse inputs the model cannot look up, naming the field (instead of an index error);
+    `features` (the schema's `Features`) names the sparse features of the ids' slots."""
     from ctrflow.loaders.memory import check_ids
 
     if dense.ndim != 2 or dense.shape[1] != len(DENSE) or sparse.ndim != 2 or sparse.shape[1] != len(SPARSE):
         raise UserError(f"dense must be [B, {len(DENSE)}] and sparse [B, {len(SPARSE)}], "
                         f"got {list(dense.shape)} and {list(sparse.shape)}")
-    check_ids(sparse, table_sizes, where="request")
+    check_ids(sparse, table_sizes, where="request", features=features)
 
 
 def probabilities(model: ProbabilityModel, dense: np.ndarray, sparse: np.ndarray,

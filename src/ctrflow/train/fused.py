@@ -79,9 +79,12 @@ def sharded_options(cfg: OptimConfig, output_dtype: torch.dtype | None) -> dict[
 
 
 def swap_interactions(model: RankingModel) -> None:
-    """DLRM's dot interaction (`model.interaction`) becomes the fused one (same function, no weights)."""
-    if type(model.interaction) is DotInteraction:
-        model.interaction = FusedDotInteraction.from_plain(model.interaction)
+    """DLRM's dot interaction (`model.interaction`) becomes the fused one (same function, no weights),
+    where the model has a dense arch and tables: the fused kernel reads the dense vector as the first
+    of the interacting features, beside at least one embedding."""
+    inter = model.interaction
+    if type(inter) is DotInteraction and inter.dense and inter.num_features > 1:
+        model.interaction = FusedDotInteraction.from_plain(inter)
 
 
 def fused_collections(model: RankingModel) -> dict[str, nn.Module]:
@@ -107,14 +110,15 @@ def autocast_dtype(config: TrainConfig, runtime: Runtime) -> torch.dtype | None:
 def apply_fused(model: RankingModel, cfg: OptimConfig, device: torch.device,
                 output_dtype: torch.dtype | None) -> dict[str, FusedEmbeddingCollection]:
     """Swap, in place, the model's plain collections (`embeddings`, `linear_embeddings`) of dim >=
-    `FUSED_MIN_DIM` for fused ones on `device` (same tables, same weights) and a DLRM dot interaction
+    `FUSED_MIN_DIM` for fused ones on `device` (same tables, one-id and multi-hot alike, same weights; a
+    collection without tables stays as it is) and a DLRM dot interaction
     for the fused one; returns the fused collections by attribute name."""
     rule = FUSED_KINDS[cfg.sparse][0]
     lr = cfg.lr if cfg.sparse_lr is None else cfg.sparse_lr
     fused = {}
     for path in ("embeddings", "linear_embeddings"):
         coll = getattr(model, path)
-        if isinstance(coll, EmbeddingCollection) and coll.embedding_dim >= FUSED_MIN_DIM:
+        if isinstance(coll, EmbeddingCollection) and coll.tables and coll.embedding_dim >= FUSED_MIN_DIM:
             fused[path] = FusedEmbeddingCollection.from_collection(
                 coll, optimizer=rule, lr=lr, device=device, output_dtype=output_dtype or torch.float32,
                 check_ids=False)  # the loader checked every id on the host

@@ -124,6 +124,8 @@ def _build(config: TrainConfig, runtime: Runtime, schema: Schema, loader: str) -
     # tables are drawn where they land: into the fused buffer on the device, or shard by shard (MLPerf's ~96 GB)
     with deferred_tables():
         model = build_model(m.name, schema, m.embedding_dim, seed=config.seed, **m.arch_kwargs())
+    if schema.label_rate is not None and not config.resume:  # a fresh run starts at the training click rate
+        model.set_output_bias(schema.label_rate)
     plan = plan_run(config, runtime, model, loader)
     built = build(model, plan, runtime)
     plan = replace(plan, exchange_in_place=built.changes["exchange_in_place"])  # what build could apply

@@ -1,4 +1,9 @@
-"""`FusedEmbeddingCollection`: every table in one buffer, one-kernel lookup, optimizer step in backward."""
+"""`FusedEmbeddingCollection`: every table in one buffer, one-kernel lookup, optimizer step in backward.
+
+One-id tables gather rows (`ops.lookup`); a collection with multi-hot tables gathers and pools its
+bags in one kernel (`bags.lookup_bags`); both update in backward through the same sort / sum /
+optimizer kernels (`ops.update_rows`), a padding slot getting no gradient.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,8 @@ import torch
 from torch import nn
 
 from ctrflow.embedding.collection import EmbeddingCollection, copy_table_rows, init_table
-from ctrflow.embedding.fused import ops
+from ctrflow.embedding.fused import bags, ops
+from ctrflow.embedding.pooling import is_one_hot, slot_count, slot_tables
 from ctrflow.embedding.tables import TableConfig
 from ctrflow.errors import UserError
 
@@ -30,9 +36,30 @@ class _FusedLookup(torch.autograd.Function):
         return None, None, None
 
 
+class _FusedBags(torch.autograd.Function):
+    """ids [B, S] -> pooled [B, T, D]; backward applies the optimizer step to every slot's row."""
+
+    @staticmethod
+    def forward(ctx, ids: torch.Tensor, anchor: torch.Tensor, collection: "FusedEmbeddingCollection"):
+        ctx.collection = collection
+        out, scales = bags.lookup_bags(ids, collection.bag_layout(), collection.weight, collection.output_dtype,
+                                       save_scales=ctx.needs_input_grad[1])
+        ctx.save_for_backward(ids, scales)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        ids, scales = ctx.saved_tensors
+        coll = ctx.collection
+        bags.update_bags(ids, coll.bag_layout(), grad, scales, coll.weight, coll.row_state, coll.scratch,
+                         coll.pre_reduce)
+        return None, None, None
+
+
 class FusedEmbeddingCollection(nn.Module):
-    """Drop-in for `EmbeddingCollection` (ids [B, F] -> [B, F, D], `tables`, `full_weights()`) that
-    trains itself: the backward pass sums each distinct row's gradient and applies `optimizer`
+    """Drop-in for `EmbeddingCollection` (ids [B, S] -> [B, T, D], one-id tables and multi-hot bags,
+    `tables`, `full_weights()`) that trains itself: the backward pass sums each distinct row's
+    gradient (a bag's id: its bag's gradient, / count for mean, none for padding) and applies `optimizer`
     ("sgd", "rowwise_adagrad" or "adam", the lazy Adam of `torch.optim.SparseAdam`) in place.
 
     The weights are a buffer, not a parameter: dense optimizers and DDP never see them, and no
@@ -50,18 +77,24 @@ class FusedEmbeddingCollection(nn.Module):
         if optimizer not in ops.OPTIMIZERS:
             raise ValueError(f"unknown fused optimizer {optimizer!r}; choose one of {', '.join(ops.OPTIMIZERS)}")
         dims = {t.embedding_dim for t in tables}
-        if len(dims) != 1:
-            raise ValueError(f"all tables of one collection need one embedding_dim, got {sorted(dims)}")
+        if len(dims) != 1:  # also refuses no tables: a collection without tables has nothing to fuse
+            raise ValueError(f"a fused collection needs tables of one embedding_dim, got {sorted(dims)}")
         self.tables = list(tables)
         self.embedding_dim = dims.pop()
         self.output_dtype = output_dtype
         self.check_ids = check_ids
         self.pre_reduce = pre_reduce
+        self.one_hot = is_one_hot(self.tables)
+        self.slots = slot_count(self.tables)
         sizes = [t.num_embeddings for t in self.tables]
         starts = [0, *torch.tensor(sizes).cumsum(0).tolist()[:-1]]
         device = torch.device(device or "cpu")
         self.register_buffer("offsets", torch.tensor(starts, dtype=torch.int64, device=device))
-        self.register_buffer("sizes", torch.tensor(sizes, dtype=torch.int64, device=device), persistent=False)
+        # [S] every slot's table size: the range check of ids [B, S]
+        self.register_buffer("sizes", torch.tensor([sizes[i] for i in slot_tables(self.tables)], dtype=torch.int64,
+                                                   device=device), persistent=False)
+        for name, tensor in bags.layout_tensors(self.tables, starts).items():
+            self.register_buffer(f"bag_{name}", tensor.to(device), persistent=False)
         self.register_buffer("weight", _init_weights(self.tables, seed, storage_dtype, device))
         rows, dim = self.weight.shape
         # unused state is one element, not empty: kernels get a valid pointer either way
@@ -92,21 +125,25 @@ class FusedEmbeddingCollection(nn.Module):
         """New learning rate for the next steps (written in place: captured graphs see it too)."""
         self.row_state.hyper[0].fill_(lr)
 
+    def bag_layout(self) -> bags.BagLayout:
+        """Where the slots and tables lie in the buffer (for `bags.lookup_bags`)."""
+        return bags.BagLayout(tuple(self.tables), self.bag_slot_offsets, self.bag_slot_table, self.bag_table_start,
+                              self.bag_table_length, self.bag_table_mode, self.bag_table_offset)
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if ids.dim() != 2 or ids.shape[1] != len(self.tables):
-            raise ValueError(f"ids must be [B, {len(self.tables)}], got {list(ids.shape)}")
+        if ids.dim() != 2 or ids.shape[1] != self.slots:
+            raise ValueError(f"ids must be [B, {self.slots}], got {list(ids.shape)}")
         if self.check_ids and not _capturing(ids):
             self._check_range(ids)
         anchor = ids.new_empty(0, dtype=torch.float32).requires_grad_(torch.is_grad_enabled())
-        return _FusedLookup.apply(ids, anchor, self)
+        return (_FusedLookup if self.one_hot else _FusedBags).apply(ids, anchor, self)
 
     def _check_range(self, ids: torch.Tensor) -> None:
         # a device-to-host read: off (check_ids=False) in timed and captured loops
-        bad = ((ids < 0) | (ids >= self.sizes)).any(dim=0)
+        bad = ((ids < 0) | (ids >= self.sizes)).any(dim=0)  # [S]
         if bool(bad.any()):
-            feature = self.tables[int(bad.nonzero()[0])].feature
-            raise UserError(f"feature {feature}: ids outside its table of "
-                            f"{self.tables[int(bad.nonzero()[0])].num_embeddings} rows")
+            table = self.tables[slot_tables(self.tables)[int(bad.nonzero()[0])]]
+            raise UserError(f"feature {table.feature}: ids outside its table of {table.num_embeddings} rows")
 
     def full_weights(self) -> dict[str, torch.Tensor]:
         """Whole tables by name (views of the one buffer, in the storage dtype)."""
@@ -182,6 +219,9 @@ def _init_weights(tables: list[TableConfig], seed: int, dtype: torch.dtype, devi
         start += t.num_embeddings
         if device.type == "cpu":  # the plain collection's numbers
             block.copy_(init_table(t, seed, index))
+            continue
+        if t.init == "zeros":
+            block.zero_()
             continue
         gen = torch.Generator(device=device).manual_seed(seed * 1000003 + index)
         bound = 1.0 / math.sqrt(t.num_embeddings)

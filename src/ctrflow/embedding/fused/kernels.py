@@ -4,6 +4,8 @@ All tables live in one buffer `weight` [R, D] (table f starts at row `offsets[f]
 `gather_rows_kernel` (forward: ids [N] -> rows [N, D]), `accumulate_segments_kernel` (backward:
 per-position gradients summed into one fp32 row per distinct id, the ids sorted beforehand) and
 `apply_update_kernel` (the optimizer step on each distinct row, which also re-zeroes the sums).
+Multi-hot bags gather and pool in `bag_kernels.bag_forward_kernel`; their backward is the same
+two kernels, each id slot's gradient read from its bag's (`accumulate_segments_kernel`'s BAGS).
 No kernel reads a value back on the host, so a whole training step can be captured in a CUDA graph.
 """
 
@@ -33,8 +35,10 @@ def gather_rows_kernel(ids_ptr, offsets_ptr, weight_ptr, out_ptr, n_items, num_f
 @triton.jit
 def accumulate_segments_kernel(sorted_rows_ptr, order_ptr, slot_ptr, grad_ptr, acc_ptr, unique_rows_ptr,
                                weight_ptr, hyper_ptr, n_items, num_features, stride_b, stride_f, grad_scale,
+                               slot_table_ptr, item_scale_ptr,
                                D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                               PRE_REDUCE: tl.constexpr, GRAD_IS_BF16: tl.constexpr, DIRECT_SGD: tl.constexpr):
+                               PRE_REDUCE: tl.constexpr, GRAD_IS_BF16: tl.constexpr, DIRECT_SGD: tl.constexpr,
+                               BAGS: tl.constexpr = False):
     """acc[slot[p]] += grad[order[p]] over BLOCK_N sorted positions p; unique_rows[slot[p]] = row.
 
     Positions are sorted by row, so one distinct row's positions are contiguous. With PRE_REDUCE the
@@ -44,6 +48,9 @@ def accumulate_segments_kernel(sorted_rows_ptr, order_ptr, slot_ptr, grad_ptr, a
     sums may land in any order, and no sum buffer or update kernel is needed.
     grad is [B, F, D] with strides (stride_b, stride_f, 1): position n is (n // F, n % F); the sums
     are multiplied by `grad_scale` (1/world on the sharded path: the average over ranks, like DDP).
+    With BAGS (multi-hot tables) positions are id slots (n // S, n % S), S = num_features, and grad
+    is the pooled output's [B, T, D]: slot s reads its table's column slot_table[s], times its weight
+    in the bag item_scale[n] (0 for padding, 1/count for a mean bag; `pooling.slot_scales`).
     """
     start = tl.program_id(0).to(tl.int64) * BLOCK_N
     items = start + tl.arange(0, BLOCK_N)
@@ -56,8 +63,14 @@ def accumulate_segments_kernel(sorted_rows_ptr, order_ptr, slot_ptr, grad_ptr, a
         tl.store(unique_rows_ptr + slot, row, mask=in_range)
     cols = tl.arange(0, BLOCK_D)
     mask = in_range[:, None] & (cols[None, :] < D)
-    src_at = (src // num_features) * stride_b + (src % num_features) * stride_f
+    column = src % num_features
+    if BAGS:
+        column = tl.load(slot_table_ptr + column, mask=in_range, other=0).to(tl.int64)
+    src_at = (src // num_features) * stride_b + column * stride_f
     grad = tl.load(grad_ptr + src_at[:, None] + cols[None, :], mask=mask, other=0.0)
+    if BAGS:
+        share = tl.load(item_scale_ptr + src, mask=in_range, other=0.0)
+        grad = grad.to(tl.float32) * share[:, None]
     if PRE_REDUCE:
         first = tl.load(slot_ptr + start).to(tl.int64)
         local = tl.where(in_range, slot - first, BLOCK_N)  # [BLOCK_N] in 0..BLOCK_N-1

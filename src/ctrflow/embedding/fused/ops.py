@@ -2,7 +2,8 @@
 
 `lookup` gathers [B, F] ids from the one buffer of all tables; `update_rows` sums the gradient of
 each distinct row of a batch and applies the optimizer to it, without a sparse gradient tensor and
-without a device-to-host read (so it can run inside a captured CUDA graph).
+without a device-to-host read (so it can run inside a captured CUDA graph). Multi-hot bags:
+`ctrflow.embedding.fused.bags`, on the same update.
 """
 
 from __future__ import annotations
@@ -79,20 +80,26 @@ def sort_rows(rows: torch.Tensor, num_rows: int) -> tuple:
 
 def update_rows(ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor, weight: torch.Tensor,
                 state: RowState, scratch: dict, pre_reduce: bool = True, grad_scale: float = 1.0,
-                presorted: tuple | None = None) -> None:
+                presorted: tuple | None = None, bags: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """Apply one optimizer step to the rows of `weight` that `ids` [B, F] touched, given grad [B, F, D]
     times `grad_scale`.
 
     Repeated rows are summed first (as a sparse gradient would be), then stepped once.
     `scratch` keeps the fp32 sum buffer between calls (the update kernel leaves it zeroed).
     `presorted`: `sort_rows` of these ids' rows, done earlier (used by the GPU kernels).
+    `bags` (multi-hot, `bags.update_bags`): (slot_table [S] int32, scales [B, S] fp32); `ids` are
+    then [B, S] id slots, `offsets` [S] and grad [B, T, D] the pooled output's: slot s's gradient is
+    grad[:, slot_table[s]] * scales[:, s] (never made on the GPU: the kernels read it so).
     """
     rows = (ids + offsets).reshape(-1)
     if state.optimizer == "adam":
         state.hyper[1].add_(1.0)
     if uses_kernels(weight):
-        _update_rows_triton(rows, ids.shape[1], grad, weight, state, scratch, pre_reduce, grad_scale, presorted)
+        _update_rows_triton(rows, ids.shape[1], grad, weight, state, scratch, pre_reduce, grad_scale, presorted,
+                            bags)
         return
+    if bags is not None:
+        grad = grad.float().index_select(1, bags[0].long()) * bags[1].unsqueeze(2)  # [B, S, D]
     unique, inverse = torch.unique(rows, return_inverse=True)
     summed = torch.zeros(unique.numel(), weight.shape[1], dtype=torch.float32, device=grad.device)
     summed.index_add_(0, inverse, grad.reshape(-1, weight.shape[1]).float())
@@ -103,9 +110,10 @@ def update_rows(ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor, we
 
 def _update_rows_triton(rows: torch.Tensor, features: int, grad3: torch.Tensor, weight: torch.Tensor,
                         state: RowState, scratch: dict, pre_reduce: bool, grad_scale: float = 1.0,
-                        presorted: tuple | None = None) -> None:
+                        presorted: tuple | None = None, bags: tuple | None = None) -> None:
     """`update_rows` on the GPU: rows [N] (global), grad3 [B, F, D], maybe a strided view (a slice
-    of the interaction's input gradient). Sort, number the distinct rows, two kernels (one for SGD)."""
+    of the interaction's input gradient; with `bags`, F is the slots and grad3 [B, T, D]). Sort,
+    number the distinct rows, two kernels (one for SGD)."""
     dim = weight.shape[1]
     sorted_rows, order, slot, count = presorted if presorted is not None else sort_rows(rows, weight.shape[0])
     n_items = rows.numel()
@@ -119,10 +127,14 @@ def _update_rows_triton(rows: torch.Tensor, features: int, grad3: torch.Tensor, 
     if grad3.stride(2) != 1:
         grad3 = grad3.contiguous()
     block_n = 64 if pre_reduce else 32
+    slot_table, scales = bags if bags is not None else (slot, slot)  # unread without BAGS: any valid pointer
     kernels.accumulate_segments_kernel[(triton.cdiv(n_items, block_n),)](
         sorted_rows, order, slot, grad3, acc, unique_rows, weight, state.hyper, n_items, features,
-        grad3.stride(0), grad3.stride(1), float(grad_scale), D=dim, BLOCK_D=block_d, BLOCK_N=block_n,
-        PRE_REDUCE=pre_reduce, GRAD_IS_BF16=grad3.dtype == torch.bfloat16, DIRECT_SGD=direct, num_warps=4)
+        grad3.stride(0), grad3.stride(1), float(grad_scale), slot_table, scales, D=dim, BLOCK_D=block_d,
+        BLOCK_N=block_n, PRE_REDUCE=pre_reduce,
+        # a bag's scaled gradient is fp32 whatever the output's dtype
+        GRAD_IS_BF16=grad3.dtype == torch.bfloat16 and bags is None, DIRECT_SGD=direct, BAGS=bags is not None,
+        num_warps=4)
     if direct:
         return
     block_u = 16

@@ -25,7 +25,8 @@ class TritonPythonModel:
         gpu = args.get("model_instance_kind") == "GPU" and torch.cuda.is_available()
         self.device = torch.device(f"cuda:{args.get('model_instance_device_id', '0')}" if gpu else "cpu")
         self.model = load_ranking_model(HERE / "checkpoint").to(self.device)
-        self.table_sizes = Schema.load(HERE / "checkpoint").table_sizes()
+        schema = Schema.load(HERE / "checkpoint")
+        self.table_sizes, self.features = schema.table_sizes(), schema.features
 
     def execute(self, requests):
         valid, errors = [], {}
@@ -33,7 +34,7 @@ class TritonPythonModel:
             dense = pb_utils.get_input_tensor_by_name(request, "dense").as_numpy()
             sparse = pb_utils.get_input_tensor_by_name(request, "sparse").as_numpy()
             try:
-                check_features(dense, sparse, self.table_sizes)
+                check_features(dense, sparse, self.table_sizes, self.features)
                 valid.append((i, dense, sparse))
             except UserError as err:
                 errors[i] = pb_utils.TritonError(str(err))
