@@ -276,6 +276,7 @@ class _Runner:
         trial.set_user_attr("config", config.to_dict())
         process = TrialProcess.start(trial.number, directory, config, slot, settings.metric,
                                      slot_env(slot, self.parallel, self.gpus))
+        trial.set_user_attr("train_pid", process.process.pid)
         trial.set_user_attr("mlflow_run_id", self.tracking.trial_started(trial.number, values, directory))
         if hasattr(self.study.storage, "record_heartbeat"):
             self.study.storage.record_heartbeat(trial._trial_id)
