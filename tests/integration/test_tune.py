@@ -146,3 +146,12 @@ def test_a_pruned_trial_stops_early(data, tmp_path):
     assert not list((tmp_path / "study" / "trials" / "0001").glob("step_*"))
     with pytest.raises(ProcessLookupError):
         os.kill(bad.user_attrs["train_pid"], 0)
+
+
+def test_the_budget_stops_starting_trials(data, tmp_path, capsys):
+    out = tmp_path / "study"
+    code = main(tune_argv(data, out, "lr: {low: 0.001, high: 0.01, log: true}\n", "--trials", "5", "--parallel", "1",
+                          "--budget-minutes", "0.05", "--tracking-uri", "none"))
+    assert code == 0  # the trial started within the 3 s finishes; none starts after
+    assert [r["state"] for r in read_csv(out / "trials.csv")] == ["COMPLETE"]
+    assert "1 complete; best trial 0" in capsys.readouterr().out

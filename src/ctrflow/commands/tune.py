@@ -8,6 +8,7 @@ sampled values over it), `--parallel` at a time. The study lives in `--storage` 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ctrflow.config import MODELS
 from ctrflow.tracking import add_tracking_flags
@@ -60,7 +61,11 @@ def run(args: argparse.Namespace) -> int:
     tags = dict(t.split("=", 1) for t in args.tag)
     tracking = {"uri": args.tracking_uri, "experiment": args.experiment, "parent_run_id": args.parent_run_id,
                 "tags": tags}
-    result = tune(settings, options, tracking, log=lambda line: print(f"ctrflow tune: {line}", flush=True))
+    try:
+        result = tune(settings, options, tracking, log=lambda line: print(f"ctrflow tune: {line}", flush=True))
+    except KeyboardInterrupt:
+        print("ctrflow tune: interrupted; the same command continues the study", file=sys.stderr)
+        return 130
     states = ", ".join(f"{n} {s.lower()}" for s, n in sorted(result["states"].items()))
     best = result["best_trial"]
     metric = settings.metric

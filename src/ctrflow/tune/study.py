@@ -84,8 +84,11 @@ def open_study(settings: StudySettings, storage: str | None = None, name: str = 
     url = storage or default_storage(settings.out)
     if url.startswith("sqlite:///"):
         Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-    backend = _storage(url)
-    existing = {s.study_name: s for s in optuna.get_all_study_summaries(backend)}
+    try:
+        backend = _storage(url)
+        existing = {s.study_name: s for s in optuna.get_all_study_summaries(backend)}
+    except Exception as err:  # SQLAlchemy and drivers raise many types for a bad URL or an unreachable server
+        raise UserError(f"--storage {url}: cannot open the study storage ({str(err).splitlines()[0]})") from None
     done = existing[name].n_trials if name in existing else 0
     study = optuna.create_study(storage=backend, study_name=name, direction=DIRECTIONS[settings.metric],
                                 sampler=_sampler(sampler, settings.base.seed + done, trials),
