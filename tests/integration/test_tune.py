@@ -18,7 +18,8 @@ optuna = pytest.importorskip("optuna")
 
 from ctrflow.cli import main  # noqa: E402
 from ctrflow.tune.run import prepare  # noqa: E402
-from ctrflow.tune.study import open_study, run_trials  # noqa: E402
+from ctrflow.tune.runner import run_trials  # noqa: E402
+from ctrflow.tune.study import open_study  # noqa: E402
 
 pytestmark = pytest.mark.integration
 ENV = {**os.environ, "MLFLOW_TRACKING_URI": "none"}

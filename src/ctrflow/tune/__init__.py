@@ -4,7 +4,8 @@ The parts:
 - `space`: the search space file (config fields to ranges or choices, plus `freq_threshold`);
 - `view`: another frequency threshold as a processed-data view (the vocabularies' prefixes);
 - `trial`: one trial's config file and its `ctrflow train` process, watched through its metrics.jsonl;
-- `study`: the study in an Optuna storage, and `run_trials`, which keeps P trials running;
+- `study`: the study in an Optuna storage, its sampler and pruner, the recovery of interrupted trials;
+- `runner`: `run_trials`, which keeps P trials running (what one worker does);
 - `results`: best.yaml, trials.csv, the plots, the checkpoints kept;
 - `tracking`: the study's MLflow parent run and a child run per trial;
 - `report`: what a training run reports to Vertex AI or Katib (`ctrflow train --report-metrics`).

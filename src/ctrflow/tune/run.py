@@ -16,7 +16,8 @@ from ctrflow.errors import UserError
 from ctrflow.schema import Schema
 from ctrflow.tune.results import drop_checkpoints, summary, write_best, write_plots, write_trials_csv
 from ctrflow.tune.space import THRESHOLD, read_space
-from ctrflow.tune.study import StudySettings, open_study, run_trials
+from ctrflow.tune.runner import run_trials
+from ctrflow.tune.study import StudySettings, open_study
 from ctrflow.tune.tracking import StudyTracking
 from ctrflow.tune.trial import METRIC_KEYS
 from ctrflow.tune.view import check_threshold

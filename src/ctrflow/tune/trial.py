@@ -26,7 +26,6 @@ from ctrflow.tune.space import THRESHOLD
 
 METRIC_KEYS = {"auc": "auc", "logloss": "valid_logloss"}  # study metric -> metrics.jsonl key
 DIRECTIONS = {"auc": "maximize", "logloss": "minimize"}
-PRUNED_EXIT = -signal.SIGTERM  # how a stopped trial's process ends
 
 
 def trial_config(base: TrainConfig, values: dict[str, Any], data: str | Path, out: str | Path,
@@ -163,5 +162,5 @@ def slot_threads(parallel: int, gpus: list[str]) -> int | None:
     return max(1, cores // parallel)
 
 
-__all__ = ["DIRECTIONS", "METRIC_KEYS", "PRUNED_EXIT", "TrialProcess", "die_with_parent", "epoch_steps",
+__all__ = ["DIRECTIONS", "METRIC_KEYS", "TrialProcess", "die_with_parent", "epoch_steps",
            "slot_env", "slot_threads", "trial_config"]
