@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One H200 (device kind nvidia-h200), from the repo root: GPU tests of the fused path, the loader
+# One H200 machine, from the repo root: GPU tests of the fused path, the loader
 # alone, DLRM training throughput, the fp8 cross layers alone, then DCNv2's (bf16 and fp8, the
 # benchmark and the `ctrflow train` step). Every step has its own time limit; results land in $OUT.
 # PARTS picks steps (default all: "loader tests dlrm fp8cross dcnv2"); TESTS, DCN_PATHS, QUALITY_SEEDS

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# 4 H200s (device kind nvidia-h200-x4), from the repo root: the fused one-GPU baseline
+# 4 H200s of one host, from the repo root: the fused one-GPU baseline
 # (train_throughput.py fused-compile) and the hybrid-parallel fused path on 4 (and 2) GPUs
 # (sharded_scale.py), MLPerf Criteo-1TB DLRM shape, batch 65,536 per GPU, bf16; then the GPU tests.
 # Every step has its own time limit; a table of results is printed last. Knobs: RUNS (space-separated
@@ -9,10 +9,10 @@
 # printed), BESIDE (a pytest selection on GPUs BESIDE_GPUS, default 1,2,3) and BESIDE_ONE (one
 # on GPU 3, then give BESIDE_GPUS=1,2), each cut at BESIDE_LIMIT seconds; TESTS (pytest selection on all
 # GPUs, empty skips them; TEST_FILTER a -k expression, TEST_ARGS more pytest arguments such as -s) last, or
-# first with TESTS_FIRST=1 (before RUNS). On 2 GPUs (nvidia-h200-x2): BESIDE_GPUS=1.
+# first with TESTS_FIRST=1 (before RUNS). On 2 GPUs: BESIDE_GPUS=1.
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-# (no TORCH_NCCL_ASYNC_ERROR_HANDLING=0 for --graph: captured NCCL calls never reach the watchdog; session 4, E)
+# (no TORCH_NCCL_ASYNC_ERROR_HANDLING=0 for --graph: captured NCCL calls never reach the watchdog)
 OUT=${OUT:-/tmp/ctrflow-gpu}; mkdir -p "$OUT"; ERR=$(mktemp -d)  # stderr apart: few files come back
 RUNS=${RUNS:-"fused4:4:--profile,$OUT fused4g:4:--graph fused2g:2:--graph plain4:4:--embedding,plain"}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1

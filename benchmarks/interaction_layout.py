@@ -9,8 +9,8 @@ leaves (four blocks of B x 2 rows 32 MiB apart, then B x 18 replicated rows: the
 `sharded_scale.py`); `exchange-gaps`, that with the blocks moved off their power-of-two spacing.
 Prints one JSON line: microseconds per call (median of CUDA-event timings) and each compiled
 kernel's registers per thread and spilled bytes (registers bound how many programs share an SM:
-the MAPPED forward of session 3 held 181 against the plain one's 152, so 2 programs per SM instead of 3;
-`NOTES.md`, session 4).
+an earlier MAPPED forward held 181 against the plain one's 152, so 2 programs per SM instead of 3;
+`NOTES.md`).
 `--sweep`: also `plain` and `exchange` under each warps x samples-per-program pair, one line each.
 """
 
@@ -58,7 +58,7 @@ def measure(batch: int, dim: int, rows: torch.Tensor | None, extra: int, warps: 
     samples = samples or fi._SAMPLES
     grid = (triton.cdiv(batch, samples),)
     common = dict(F=features, FP=fi._block(features), D=dim, SAMPLES=samples, IEEE=False, MAPPED=mapped)
-    options = getattr(fi, "launch_options", lambda *_: {"num_warps": 4})  # absent before session 4
+    options = getattr(fi, "launch_options", lambda *_: {"num_warps": 4})  # 4 warps where the module sets none
     fwd_opts, bwd_opts = ({**options(mapped, back), **({"num_warps": warps} if warps else {})} for back in (0, 1))
     pairs = features * (features - 1) // 2
 

@@ -2,6 +2,14 @@
 
     python benchmarks/preprocess.py [--rows 1000000] [--workers N] [--hugectr-script PATH]
                                     [--engine cpu|gpu] [--device cuda|cpu]
+    python benchmarks/preprocess.py --format csv [--rows 5000000] [--quoted] [--repeats 3]
+
+`--format csv`: a generic table (MovieLens-like: skewed user and movie ids, a genre list of 0-4
+values, a year, a price with missing values, an unused timestamp, a 0/1 label; `--quoted`: every text
+value quoted, as Arrow's CSV writer does) and its dataset description. Then, alternating, whole
+processes both: `python -c "pyarrow.csv.read_csv(FILE)"` (all threads, type inference) and
+`python -m ctrflow preprocess --dataset DESCRIPTION --train FILE --out DIR --tracking-uri none`; the best
+wall time of `--repeats` each gives the ratio (imports, process start and exit included on both sides).
 
 Synthetic Criteo-format rows (`ctrflow.datasets.criteo.synth`; a plain numpy generator where that is absent)
 are written once to a work directory. Then, in the same run: pyarrow.csv.read_csv of the file
@@ -162,9 +170,96 @@ def gpu_name(args) -> str | None:
     return torch.cuda.get_device_name(torch.device(args.device))
 
 
+GENRES = ("Action", "Adventure", "Animation", "Children", "Comedy", "Crime", "Documentary", "Drama", "Fantasy",
+          "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller", "War", "Western")
+DESCRIPTION = """\
+format: csv
+label: liked
+dense: [year, price]
+categorical: [userId, movieId]
+multi_hot:
+  genres: {separator: "|", max_length: 4, pooling: mean}
+freq_threshold: {default: 6, userId: 2}
+"""
+
+
+def write_table(path: Path, rows: int, seed: int, quoted: bool) -> None:
+    """A MovieLens-like CSV of `rows` rows, written block by block (bounded memory)."""
+    rng = np.random.default_rng(seed)
+    genre_rng = np.random.default_rng(seed + 1)
+    movie_genres = np.array(["|".join(GENRES[g] for g in genre_rng.choice(len(GENRES), k, replace=False))
+                             for k in genre_rng.integers(0, 5, 50_001)], dtype=object)
+    options = pcsv.WriteOptions(quoting_style="needed" if quoted else "none")
+    schema = None
+    with open(path, "wb") as sink:
+        for start in range(0, rows, 1 << 20):
+            n = min(1 << 20, rows - start)
+            movies = np.minimum(rng.zipf(1.2, n), 50_000)
+            price = np.char.mod("%.2f", np.round(rng.gamma(2.0, 5.0, n), 2)).astype(object)
+            price[rng.random(n) < 0.05] = ""
+            table = pa.table({"userId": np.minimum(rng.zipf(1.3, n), 200_000), "movieId": movies,
+                              "genres": pa.array(movie_genres[movies], pa.string()),
+                              "year": rng.integers(1950, 2024, n), "price": pa.array(price, pa.string()),
+                              "rating_ts": rng.integers(10 ** 9, 2 * 10 ** 9, n),
+                              "liked": (rng.random(n) < 0.3).astype(np.int64)})
+            schema = schema or table.schema
+            block = options if start == 0 else pcsv.WriteOptions(include_header=False,
+                                                                  quoting_style=options.quoting_style)
+            pcsv.write_csv(table.cast(schema), sink, block)
+
+
+def run_process(argv: list[str], env: dict) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the process and its children) of one whole process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    subprocess.run(argv, check=True, env=env, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def bench_table(args) -> dict:
+    """The generic CSV against pyarrow's parse, both whole processes, alternating."""
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="ctrflow-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    raw = work / f"movies_{args.rows}{'_quoted' if args.quoted else ''}.csv"
+    if not raw.exists():
+        write_table(raw, args.rows, args.seed, args.quoted)
+    description = work / "movies.yaml"
+    description.write_text(DESCRIPTION)
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
+    parse = [sys.executable, "-c", f"import pyarrow.csv as c; c.read_csv({str(raw)!r})"]
+    command = [sys.executable, "-m", "ctrflow", "preprocess", "--dataset", str(description), "--train", str(raw),
+               "--out", str(work / "out"), "--tracking-uri", "none"]
+    command += ["--workers", str(args.workers)] if args.workers else []
+    parses, runs = [], []
+    for _ in range(args.repeats):
+        parses.append(run_process(parse, env))
+        runs.append(run_process(command, env))
+    stats = json.loads((work / "out" / "stats.json").read_text())
+    (parse_wall, parse_cpu), (wall, cpu) = min(parses), min(runs)
+    result = {
+        "benchmark": "preprocess", "format": "csv", "quoted": args.quoted, "rows": args.rows,
+        "input_bytes": raw.stat().st_size, "pyarrow_parse_process_seconds": round(parse_wall, 3),
+        "preprocess_process_seconds": round(wall, 3), "ratio_vs_pyarrow_parse": round(parse_wall / wall, 3),
+        "pyarrow_parse_cpu_seconds": round(parse_cpu, 3), "preprocess_cpu_seconds": round(cpu, 3),
+        "all_walls": {"pyarrow": [round(w, 3) for w, _ in parses], "preprocess": [round(w, 3) for w, _ in runs]},
+        "passes": stats["passes"], "workers": stats["workers"], "chunk_rows": stats["chunk_rows"],
+        "cardinalities": {k: v["cardinality"] for k, v in stats["columns"].items() if "cardinality" in v},
+        "cpus": os.cpu_count(), "machine": platform.node(), "load_average_1m": round(os.getloadavg()[0], 2),
+    }
+    if not args.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse flags, write the input once, time both, print one JSON line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--format", default="criteo", choices=["criteo", "csv"],
+                        help="criteo: the raw Criteo TSV (library calls); csv: a described table (whole processes)")
+    parser.add_argument("--quoted", action="store_true", help="csv: quote every text value")
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--workers", type=int, default=None, help="preprocess workers (default: all cores)")
     parser.add_argument("--chunk-rows", type=int, default=None, help="preprocess --chunk-rows (default: its own)")
@@ -176,6 +271,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hugectr-script", default=None,
                         help="HugeCTR's tools/criteo_script/preprocess.py, run on the same file")
     args = parser.parse_args(argv)
+    if args.format == "csv":
+        print(json.dumps(bench_table(args)))
+        return
     work = Path(args.workdir or tempfile.mkdtemp(prefix="ctrflow-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     raw = work / f"raw_{args.rows}.tsv"
@@ -213,7 +311,8 @@ def main(argv: list[str] | None = None) -> None:
         "distinct_values": sum(c.get("distinct_train", 0) for c in stats["columns"].values()),
         "engine": args.engine, "device": args.device if args.engine == "gpu" else None,
         "gpu": gpu_name(args),
-        "workers": stats["workers"], "chunk_rows": stats["chunk_rows"], "cpus": os.cpu_count(), "machine": platform.node(),
+        "workers": stats["workers"], "chunk_rows": stats["chunk_rows"], "cpus": os.cpu_count(),
+        "machine": platform.node(),
         "load_average_1m": round(os.getloadavg()[0], 2),
     }
     if args.hugectr_script:

@@ -1,12 +1,14 @@
 """Latency and throughput of the exported ensemble through a real `tritonserver` on 127.0.0.1.
 
-    python benchmarks/serve_latency.py [--repo REPO --rows FILE] [--batches 1,64,1024]
+    python benchmarks/serve_latency.py [--repo REPO --rows FILE] [--dataset criteo|movielens-like]
+                                       [--batches 1,64,1024]
 
-Without `--repo` it builds one first (synth -> preprocess -> train a few steps -> export
---backend python, in a temp dir). One client sends raw rows (BYTES, as a caller would) over HTTP,
-one request at a time, for each batch size: a bounded number of requests within a time budget.
-Prints ONE JSON line: p50/p99 latency (ms) and rows/s per batch size.
-Needs the serving venv (`scripts/setup_triton.sh`) and /work/venv-style ctrflow for the build.
+Without `--repo` it builds one first (synth --dataset -> preprocess -> train a few steps -> export
+--backend python, in a temp dir). One client sends raw rows (BYTES per raw column of the schema, the
+text its files hold, as a caller would) over HTTP, one request at a time, for each batch size: a
+bounded number of requests within a time budget. `--rows` is a raw file in the format of the
+dataset the repository was exported for. Prints ONE JSON line: p50/p99 latency (ms) and rows/s per
+batch size. Needs the serving venv (`scripts/setup_triton.sh`).
 """
 
 from __future__ import annotations
@@ -23,21 +25,22 @@ from pathlib import Path
 
 import numpy as np
 
-from ctrflow.datasets.criteo.columns import DENSE, SPARSE
 from ctrflow.serve.tritonserver import TritonServer, find_serving_venv
 
-FIELDS = (*DENSE, *SPARSE)
+DAYS = {"criteo": ("day_0.tsv", "day_1.tsv", "criteo"), "movielens-like": ("day_0.csv", "day_1.csv", "movielens.yaml")}
 
 
-def build_repository(workdir: Path, rows: int) -> tuple[Path, Path]:
+def build_repository(workdir: Path, rows: int, dataset: str) -> tuple[Path, Path]:
     """A small python-backend repository and the raw day file to draw request rows from."""
     from ctrflow.cli import main
 
     os.environ["MLFLOW_TRACKING_URI"] = "none"
+    train, valid, described = DAYS[dataset]
+    raw = workdir / "raw"
     steps = [
-        ["synth", "--rows", str(rows), "--days", "2", "--seed", "11", "--out", str(workdir / "raw")],
-        ["preprocess", "--train", str(workdir / "raw" / "day_0.tsv"), "--valid", str(workdir / "raw" / "day_1.tsv"),
-         "--out", str(workdir / "data")],
+        ["synth", "--dataset", dataset, "--rows", str(rows), "--days", "2", "--seed", "11", "--out", str(raw)],
+        ["preprocess", "--dataset", described if described == "criteo" else str(raw / described),
+         "--train", str(raw / train), "--valid", str(raw / valid), "--out", str(workdir / "data")],
         ["train", "--data", str(workdir / "data"), "--model", "dlrm", "--out", str(workdir / "ckpt"),
          "--max-steps", "20", "--batch-size", "256"],
         ["export", "--checkpoint", str(workdir / "ckpt"), "--data", str(workdir / "data"),
@@ -48,16 +51,32 @@ def build_repository(workdir: Path, rows: int) -> tuple[Path, Path]:
             code = main(argv)
         if code != 0:
             raise SystemExit(f"ctrflow {argv[0]} failed")
-    return workdir / "repo", workdir / "raw" / "day_1.tsv"
+    return workdir / "repo", raw / valid
 
 
-def request_inputs(rows: list[list[str]]):
-    """One BYTES [B, 1] input per raw field."""
+def read_rows(repo: Path, name: str, path: Path, count: int) -> dict[str, list[str]]:
+    """The first `count` rows of a raw file, as the text of each raw column the ensemble takes."""
+    from ctrflow.datasets.table.raw import read_raw_rows
+    from ctrflow.preprocess.transform import description_of
+    from ctrflow.schema import Schema
+
+    schema = Schema.load(repo / f"{name}_preprocess" / "1")  # the contract the repository was exported with
+    rows: dict[str, list[str]] = {}
+    for block in read_raw_rows(path, description_of(schema)):
+        for column, values in block.columns.items():
+            rows.setdefault(column, []).extend(values.to_pylist())
+        if len(next(iter(rows.values()))) >= count:
+            break
+    return {column: values[:count] for column, values in rows.items()}
+
+
+def request_inputs(rows: dict[str, list[str]], picked: list[int]):
+    """One BYTES [B, 1] input per raw column, rows `picked`."""
     import tritonclient.http as httpclient
 
     inputs = []
-    for column, name in enumerate(FIELDS):
-        values = np.array([[row[column].encode()] for row in rows], dtype=object)
+    for name, column in rows.items():
+        values = np.array([[column[i].encode()] for i in picked], dtype=object)
         tensor = httpclient.InferInput(name, list(values.shape), "BYTES")
         tensor.set_data_from_numpy(values)
         inputs.append(tensor)
@@ -71,12 +90,13 @@ def compute_ns(client) -> dict[str, tuple[int, int]]:
             for m in stats}
 
 
-def measure(client, name: str, rows: list[list[str]], batch: int, requests: int, budget_s: float,
+def measure(client, name: str, rows: dict[str, list[str]], batch: int, requests: int, budget_s: float,
             warmup: int) -> dict:
     """Send up to `requests` requests of `batch` rows (stopping after `budget_s`); latency stats."""
     import tritonclient.http as httpclient
 
-    inputs = request_inputs([rows[i % len(rows)] for i in range(batch)])
+    count = len(next(iter(rows.values())))
+    inputs = request_inputs(rows, [i % count for i in range(batch)])
     outputs = [httpclient.InferRequestedOutput("probability")]
     for _ in range(warmup):
         client.infer(name, inputs, outputs=outputs)
@@ -103,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print one JSON line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", type=Path, help="an exported repository (default: build one)")
-    parser.add_argument("--rows", type=Path, help="raw TSV rows to send (40-column layout; with --repo)")
+    parser.add_argument("--rows", type=Path, help="raw rows to send, in the dataset's format (with --repo)")
+    parser.add_argument("--dataset", default="criteo", choices=sorted(DAYS),
+                        help="the synthetic dataset of the repository built without --repo")
     parser.add_argument("--name", default="ctr", help="ensemble name in the repository")
     parser.add_argument("--batches", default="1,64,1024", help="comma-separated batch sizes")
     parser.add_argument("--requests", type=int, default=200, help="at most this many requests per batch size")
@@ -119,9 +141,8 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="ctrflow-serve-bench-") as tmp:
         tmp = Path(tmp)
-        repo, raw = (args.repo, args.rows) if args.repo else build_repository(tmp, rows=5000)
-        with open(raw) as lines:
-            rows = [line.rstrip("\n").split("\t")[1:] for _, line in zip(range(4096), lines)]
+        repo, raw = (args.repo, args.rows) if args.repo else build_repository(tmp, rows=5000, dataset=args.dataset)
+        rows = read_rows(repo, args.name, raw, 4096)
         with TritonServer(repo, venv, tmp / "server", threads=args.threads) as server:
             client = httpclient.InferenceServerClient(server.url, connection_timeout=60, network_timeout=120)
             try:
@@ -131,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                 client.close()
     print(json.dumps({"benchmark": "serve_latency", "server": "tritonserver 2.51 (nvidia-pytriton 0.7.0), python backend, CPU",
                       "transport": "HTTP on 127.0.0.1, 1 client, 1 request in flight", "cpu_count": os.cpu_count(),
-                      "machine": platform.machine(), "server_threads": args.threads, "results": results}))
+                      "machine": platform.machine(), "server_threads": args.threads,
+                      "dataset": args.dataset if not args.repo else str(args.repo), "results": results}))
     return 0
 
 

@@ -10,19 +10,16 @@ torch optimizers: the quality reference). Options: `fp8` (what `ctrflow train --
 `ctrflow.train.fp8.apply_fp8`'s defaults: both products of every Linear >= 512 wide in fp8, row
 scales, e5m2 gradients, fast accumulation), `fp8w` (only the products whose quantized operand is
 the narrow side), `fp8t` (one scale per tensor), `fp32acc` (fp32 accumulation), `e4m3g` (e4m3
-gradients), `foreach` (torch's multi-tensor Adam instead of the fused one; with `loop`: as the loop
-did before session 5), `noalign` (with `loop`: the 13 dense inputs not padded, as before session 5), `unfused` (with an fp8
-option: DCNv2's cross layers stay `Fp8Linear` by `Fp8Linear` under inductor, as in sessions 2-3, instead
+gradients), `foreach` (torch's multi-tensor Adam instead of the fused one), `noalign` (with `loop`: the
+13 dense inputs not padded), `unfused` (with an fp8
+option: DCNv2's cross layers stay `Fp8Linear` by `Fp8Linear` under inductor instead
 of `ctrflow.train.fp8_cross.Fp8CrossNet`'s row kernels; same numbers up to bf16 roundings, so no AUC
 check of its own), `noabsorb` (with `fp8`: the deep MLP's first Linear stays its own `Fp8Linear` in the
 compiled graph instead of `Fp8CrossNet.absorb`ing it), `nocompile` (with `loop`: `ctrflow train
 --compile off`: no compiled head (DCNv2) or dense parts (DLRM)), `bf16tab` (the fused tables stored in
 bf16, updates computed in fp32: half the table bytes; `--storage` sets every path's), `beside` (with `fp8`:
 `Fp8CrossNet`'s weight-gradient products on a side stream beside its row kernels; the default runs
-them in line since session 10; session 8's `inline` is that default).
-Device call 2 of session
-2 named these differently: its `fp8all:fastacc` is today's `fp8`, `fp8all` is `fp8:fp32acc`, `fp8`
-is `fp8w:fp32acc`, `fp8:fastacc` is `fp8w`.
+them in line).
 """
 
 from __future__ import annotations
@@ -156,7 +153,7 @@ def build_loop_path(args, arch: dict, sizes: list[int], device: torch.device, op
     plan = replace(plan, fp8=fp8_plan(args, options), align_linear=align, compile_mode=args.compile_mode)
     built = build(model, plan, runtime)
     optimizers = build_optimizers(model, cfg, FusedTables(built.fused, sparse))
-    if "foreach" in options:  # the loop's dense Adam before session 5
+    if "foreach" in options:  # torch's multi-tensor Adam: one launch per group of tensors
         for group in optimizers.dense.param_groups:
             group["fused"] = None
     graphed = GraphedStep(train_step)

@@ -189,7 +189,7 @@ def release(device: torch.device) -> None:
 
 
 def parse(argv=None):
-    """Command-line flags (defaults: the issue's MLPerf DLRM setting)."""
+    """Command-line flags (defaults: the MLPerf DLRM setting)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=sorted(ARCH), default="dlrm")
     p.add_argument("--batch-size", type=int, default=65536)

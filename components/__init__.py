@@ -5,14 +5,14 @@ Each body imports ctrflow itself (only the body is shipped to the container), so
 by `TRAIN_IMAGE` must have ctrflow installed (docker/Dockerfile.train).
 """
 
-from components.image import TRAIN_IMAGE
-from components.evaluate import evaluate
-from components.export import export
-from components.preprocess import count_values, finalize_data, merge_counts, transform_file
-from components.raw_data import raw_data
-from components.resources import accelerator_type
-from components.tracking import finish_run, start_run, track_data
-from components.train import train
+from ctrflow_components.image import TRAIN_IMAGE
+from ctrflow_components.evaluate import evaluate
+from ctrflow_components.export import export
+from ctrflow_components.preprocess import count_values, finalize_data, merge_counts, transform_file
+from ctrflow_components.raw_data import raw_data
+from ctrflow_components.resources import accelerator_type
+from ctrflow_components.tracking import finish_run, start_run, track_data
+from ctrflow_components.train import train
 
 __all__ = ["TRAIN_IMAGE", "accelerator_type", "count_values", "evaluate", "export", "finalize_data", "finish_run",
            "merge_counts", "raw_data", "start_run", "track_data", "train", "transform_file"]

@@ -7,19 +7,22 @@ from typing import List
 from kfp import dsl
 from kfp.dsl import Artifact, Dataset, Input, Output
 
-from components.image import TRAIN_IMAGE
+from ctrflow_components.image import TRAIN_IMAGE
 
 
 @dsl.component(base_image=TRAIN_IMAGE, install_kfp_package=False)
 def count_values(raw: Input[Dataset], file: dict, counts: Output[Artifact], seed: int = 0,
                  on_bad_rows: str = "error"):
-    """The fit pass over one file of `raw` (`file` is an item of `raw_data`'s list) into `counts`."""
+    """The fit pass over one file of `raw` (`file` is an item of `raw_data`'s list) into `counts`; the
+    file's `dataset` (the built-in "criteo", or a description file in `raw`) says how to read it."""
     import os
     from pathlib import Path
 
     from ctrflow.cli import main
 
-    argv = ["preprocess", "count", "--input", str(Path(raw.path) / file["name"]),
+    described = str(file.get("dataset") or "criteo")
+    dataset = str(Path(raw.path) / described) if Path(raw.path, described).is_file() else described
+    argv = ["preprocess", "count", "--dataset", dataset, "--input", str(Path(raw.path) / file["name"]),
             "--file-index", str(int(float(file["index"]))), "--split", file["split"], "--seed", str(seed),
             "--on-bad-rows", on_bad_rows, "--workers", str(len(os.sched_getaffinity(0))), "--out", counts.path]
     if float(file["valid_fraction"]) > 0:
@@ -29,12 +32,14 @@ def count_values(raw: Input[Dataset], file: dict, counts: Output[Artifact], seed
 
 
 @dsl.component(base_image=TRAIN_IMAGE, install_kfp_package=False)
-def merge_counts(counts: Input[List[Artifact]], vocab: Output[Artifact], freq_threshold: int = 6):
-    """Every file's counts -> the vocabularies and the part numbering, in `vocab`."""
+def merge_counts(counts: Input[List[Artifact]], vocab: Output[Artifact], freq_threshold: int = 0):
+    """Every file's counts -> the vocabularies and the part numbering, in `vocab`. `freq_threshold`:
+    the default threshold (0: the dataset description's; per-column ones apply beside it)."""
     from ctrflow.cli import main
 
-    argv = ["preprocess", "merge", "--counts", *[c.path for c in counts], "--out", vocab.path,
-            "--freq-threshold", str(freq_threshold)]
+    argv = ["preprocess", "merge", "--counts", *[c.path for c in counts], "--out", vocab.path]
+    if freq_threshold > 0:
+        argv += ["--freq-threshold", str(freq_threshold)]
     if main(argv) != 0:
         raise RuntimeError(f"ctrflow {' '.join(argv)} failed")
 

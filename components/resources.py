@@ -2,7 +2,7 @@
 
 from kfp import dsl
 
-from components.image import TRAIN_IMAGE
+from ctrflow_components.image import TRAIN_IMAGE
 
 
 @dsl.component(base_image=TRAIN_IMAGE, install_kfp_package=False)

@@ -9,7 +9,7 @@ id tag instead of taking `start_run`'s output.
 from kfp import dsl
 from kfp.dsl import Dataset, Input
 
-from components.image import TRAIN_IMAGE
+from ctrflow_components.image import TRAIN_IMAGE
 
 
 @dsl.component(base_image=TRAIN_IMAGE, install_kfp_package=False)

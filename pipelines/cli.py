@@ -1,5 +1,6 @@
 """`ctrflow pipeline compile|run|submit|launch-spec`: flags for every pipeline parameter, then compile, run
-locally or submit. `ctrflow.commands.pipeline` hands its parser and arguments to this module."""
+locally or submit. `ctrflow.cli` finds this module through the `ctrflow.commands` entry point
+(`pipeline`) and hands it its parser and arguments; kfp loads only when the command runs."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pipelines.compile import COMMITTED, compile_pipeline, pipeline_parameters
+HELP = "compile, run locally or submit the KFP pipeline"
 
 
 def add_parameter_flags(parser: argparse.ArgumentParser) -> None:
     """One `--name-with-dashes` flag per pipeline parameter; left out, the pipeline's default holds."""
+    from ctrflow_pipelines.compile import pipeline_parameters
+
     group = parser.add_argument_group("pipeline parameters (default: the pipeline's own)")
     for name, param in pipeline_parameters().items():
         kind = param.annotation if isinstance(param.annotation, type) else type(param.default)
@@ -23,6 +26,8 @@ def add_parameter_flags(parser: argparse.ArgumentParser) -> None:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Sub-commands of `ctrflow pipeline`."""
+    from ctrflow_pipelines.compile import COMMITTED
+
     sub = parser.add_subparsers(dest="action", metavar="<action>", required=True)
     compile_ = sub.add_parser("compile", help="write the pipeline's IR YAML")
     compile_.add_argument("--out", default=str(COMMITTED), help="YAML file to write (default: pipeline.yaml)")
@@ -50,8 +55,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def configure_launch_spec(sub) -> None:
     """`ctrflow pipeline launch-spec`: a multi-node training spec for an existing engine."""
-    from components.image import TRAIN_IMAGE
-    from pipelines.launch import KINDS
+    from ctrflow_components.image import TRAIN_IMAGE
+    from ctrflow_pipelines.launch import KINDS
 
     spec = sub.add_parser("launch-spec", help="write a multi-node training spec (TrainJob, PyTorchJob, Vertex AI)",
                           description="Write the spec that runs `ctrflow train` under torchrun on NUM_NODES nodes "
@@ -77,7 +82,7 @@ def write_launch_spec(args: argparse.Namespace) -> str:
 
     import yaml
 
-    from pipelines.launch import launch_spec
+    from ctrflow_pipelines.launch import launch_spec
 
     options = {"trainjob": {"runtime": args.runtime, "namespace": args.namespace},
                "pytorchjob": {"namespace": args.namespace},
@@ -96,6 +101,8 @@ def write_launch_spec(args: argparse.Namespace) -> str:
 
 def parameter_values(args: argparse.Namespace) -> dict[str, Any]:
     """The pipeline parameters given on the command line."""
+    from ctrflow_pipelines.compile import pipeline_parameters
+
     return {name: getattr(args, f"param_{name}") for name in pipeline_parameters()
             if getattr(args, f"param_{name}", None) is not None}
 
@@ -105,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
     from ctrflow.errors import UserError
 
     if args.action == "compile":
+        from ctrflow_pipelines.compile import compile_pipeline
+
         print(f"wrote {compile_pipeline(args.out)}")
         return 0
     if args.action == "launch-spec":
@@ -114,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     arguments = parameter_values(args)
     if args.action == "run":
-        from pipelines.local import run_local, summarize_local_run
+        from ctrflow_pipelines.local import run_local, summarize_local_run
 
         try:
             run_dir = run_local(args.pipeline_root, arguments, log_file=args.log)
@@ -124,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summarize_local_run(Path(run_dir)), indent=2))
         return 0
     if args.vertex_project:
-        from pipelines.submit import submit_vertex
+        from ctrflow_pipelines.submit import submit_vertex
 
         if not args.pipeline_root:
             raise UserError("--vertex-project needs --pipeline-root gs://BUCKET/PATH")
@@ -134,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.host:
         raise UserError("submit needs --host URL (Kubeflow Pipelines) or --vertex-project")
-    from pipelines.submit import submit_kfp
+    from ctrflow_pipelines.submit import submit_kfp
 
     run_id = submit_kfp(args.host, arguments, args.experiment, args.run_name, args.namespace)
     print(f"submitted KFP run {run_id} to {args.host}")

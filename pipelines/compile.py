@@ -8,7 +8,7 @@ from pathlib import Path
 
 from kfp import compiler
 
-from pipelines.pipeline import ctrflow_pipeline
+from ctrflow_pipelines.pipeline import ctrflow_pipeline
 
 REPO = Path(__file__).resolve().parents[1]
 COMMITTED = REPO / "pipeline.yaml"

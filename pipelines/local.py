@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from pipelines.pipeline import PIPELINE_NAME, ctrflow_pipeline
+from ctrflow_pipelines.pipeline import PIPELINE_NAME, ctrflow_pipeline
 
 
 def absolute_tracking_uri(uri: str) -> str:

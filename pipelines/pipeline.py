@@ -2,7 +2,9 @@
 
 One graph for every setting:
 - `raw_data` synthesizes the days when no source is given, else copies the given files: one `raw`
-  artifact either way, and the list of files the preprocessing fans out over.
+  artifact either way, and the list of files the preprocessing fans out over. The `dataset`
+  parameter says how the rows are read: the built-in raw Criteo TSV ("criteo"), a dataset
+  description file inside the raw data folder, or, synthesized, "movielens-like".
 - Preprocessing is `ctrflow preprocess`'s per-file fan-out: `ParallelFor` over the files for the
   count pass, one merge, `ParallelFor` for the transform, one finalize. Its output is exactly the
   single-process output, so there is no separate single-process path to maintain.
@@ -17,9 +19,9 @@ them across runs; `track_data` (never cached) logs their child runs from their o
 
 from kfp import dsl, kubernetes
 
-from components import (accelerator_type, count_values, evaluate, export, finalize_data, finish_run, merge_counts,
-                        start_run, track_data, train, transform_file)
-from components import raw_data as fetch_raw_data  # the pipeline parameter `raw_data` shadows the name
+from ctrflow_components import (accelerator_type, count_values, evaluate, export, finalize_data, finish_run,
+                                merge_counts, start_run, track_data, train, transform_file)
+from ctrflow_components import raw_data as fetch_raw_data  # the pipeline parameter `raw_data` shadows the name
 
 PIPELINE_NAME = "ctrflow"
 SHM_SIZE = "16Gi"  # torchrun workers and DataLoader workers share tensors through /dev/shm
@@ -49,17 +51,18 @@ def add_training(data, settings: dict, num_gpus, gpu_type, tracking: dict):
     return trained
 
 
-@dsl.pipeline(name=PIPELINE_NAME, description="Criteo CTR: preprocess, train, evaluate, export to Triton; "
-                                              "tracked in MLflow.")
+@dsl.pipeline(name=PIPELINE_NAME, description="CTR on any described dataset: preprocess, train, evaluate, "
+                                              "export to Triton; tracked in MLflow.")
 def ctrflow_pipeline(
     raw_data: str = "",
-    train_files: str = "day_0.tsv*",
-    valid_files: str = "day_1.tsv*",
+    dataset: str = "criteo",
+    train_files: str = "day_0.*",
+    valid_files: str = "day_1.*",
     valid_fraction: float = 0.0,
     synth_rows: int = 200000,
     synth_days: int = 2,
     seed: int = 0,
-    freq_threshold: int = 6,
+    freq_threshold: int = 0,
     model: str = "dlrm",
     epochs: int = 1,
     batch_size: int = 0,
@@ -73,11 +76,13 @@ def ctrflow_pipeline(
     mlflow_tracking_uri: str = "",
     mlflow_experiment: str = "ctrflow",
 ):
-    """raw_data: folder of raw Criteo files, a local path or a gs://, s3:// or hdfs:// URI
-    (empty: synthesize `synth_days` days of `synth_rows` rows); train_files / valid_files:
-    comma-separated glob patterns inside it (no valid files: hold out `valid_fraction` of the
-    training rows). batch_size, embedding_dim, learning_rate, max_steps: 0 keeps the train step's
-    default. num_gpus: GPUs of the train task (0: CPU; more than 1: torchrun); gpu_type: their
+    """raw_data: folder of raw files, a local path or a gs://, s3:// or hdfs:// URI (empty:
+    synthesize `synth_days` days of `synth_rows` rows); dataset: "criteo" (raw Criteo TSV) or the
+    file name of a dataset description (YAML/JSON) inside raw_data, or with no raw_data the
+    synthetic dataset ("criteo" or "movielens-like"); train_files / valid_files: comma-separated glob
+    patterns inside it (no valid files: hold out `valid_fraction` of the training rows).
+    freq_threshold: occurrences a value needs for its own id (0: the description's default).
+    batch_size, embedding_dim, learning_rate, max_steps: 0 keeps the train step's default. num_gpus: GPUs of the train task (0: CPU; more than 1: torchrun); gpu_type: their
     resource name (`nvidia.com/gpu` on Kubernetes, e.g. `NVIDIA_H100_80GB` on Vertex AI).
     mlflow_tracking_uri: "" means the image's $MLFLOW_TRACKING_URI, else a SQLite file in the
     task's working directory; "none": no tracking."""
@@ -88,7 +93,7 @@ def ctrflow_pipeline(
         opening = start_run(
             tracking_uri=mlflow_tracking_uri, experiment=mlflow_experiment, run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
             kfp_run_id=kfp_run_id,
-            params={"raw_data": raw_data, "train_files": train_files, "valid_files": valid_files,
+            params={"raw_data": raw_data, "dataset": dataset, "train_files": train_files, "valid_files": valid_files,
                     "valid_fraction": valid_fraction, "synth_rows": synth_rows, "synth_days": synth_days,
                     "seed": seed, "freq_threshold": freq_threshold, "model": model, "epochs": epochs,
                     "batch_size": batch_size, "embedding_dim": embedding_dim,
@@ -98,8 +103,8 @@ def ctrflow_pipeline(
         tracking = {"tracking_uri": mlflow_tracking_uri, "experiment": mlflow_experiment,
                     "parent_run_id": opening.output, "kfp_run_id": kfp_run_id}
         raw = fetch_raw_data(source=raw_data, train_files=train_files, valid_files=valid_files,
-                       valid_fraction=valid_fraction, synth_rows=synth_rows, synth_days=synth_days,
-                       seed=seed).set_display_name("raw data")
+                             valid_fraction=valid_fraction, synth_rows=synth_rows, synth_days=synth_days,
+                             seed=seed, dataset=dataset).set_display_name("raw data")
         data = add_preprocessing(raw.outputs["raw"], raw.outputs["Output"], freq_threshold, seed).outputs["data"]
         track_data(raw=raw.outputs["raw"], data=data, **tracking).set_display_name("track data").set_caching_options(False)
         settings = {"model": model, "epochs": epochs, "batch_size": batch_size, "embedding_dim": embedding_dim,

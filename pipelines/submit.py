@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pipelines.compile import compile_pipeline
+from ctrflow_pipelines.compile import compile_pipeline
 
 
 def submit_kfp(host: str, arguments: dict[str, Any], experiment: str = "ctrflow",

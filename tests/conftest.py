@@ -1,4 +1,5 @@
-"""Shared test setup: GPU tests skipped without CUDA, the real Criteo rows from ../shared."""
+"""Shared test setup: GPU tests skipped without CUDA, the real Criteo rows beside the repository, one
+intra-op thread on request. Helpers that tests share live in the `tests.fixtures` package."""
 
 from __future__ import annotations
 
@@ -29,3 +30,15 @@ def criteo_dir() -> Path:
     if not (CRITEO / "train_head_10109.txt").exists():
         pytest.skip(f"real Criteo rows not found at {CRITEO}")
     return CRITEO
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module (`pytestmark = pytest.mark.usefixtures("one_thread")`): on a
+    machine of few cores, more threads spin against each other."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -2,6 +2,9 @@
 
 Each step lives in `ctrflow.commands.<name>` with `configure(parser)` and `run(args) -> int`;
 modules are imported only when their step runs, so `ctrflow synth` never pays for torch or mlflow.
+Other installed packages add commands through the `ctrflow.commands` entry point group (a module
+with `HELP`, `configure` and `run`): the KFP pipeline package registers `ctrflow pipeline` and
+`ctrflow demo` that way, so the library never imports it.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from types import ModuleType
 
 from ctrflow import __version__
 from ctrflow.errors import UserError
@@ -23,20 +27,46 @@ COMMANDS = {
     "predict": "score raw rows with a checkpoint",
     "promote": "move the registry's champion alias to the candidate (AUC gate)",
     "serve": "serve an exported repository with a real tritonserver on 127.0.0.1",
-    "pipeline": "compile, run locally or submit the KFP pipeline",
-    "demo": "synthetic data -> whole pipeline locally -> MLflow run",
 }
+ENTRY_POINTS = "ctrflow.commands"
+
+
+def installed_commands() -> dict[str, ModuleType]:
+    """Commands other packages register in the `ctrflow.commands` entry point group, by name
+    (a built-in step's name cannot be taken)."""
+    from importlib.metadata import entry_points
+
+    found = {}
+    for point in entry_points(group=ENTRY_POINTS):
+        if point.name in COMMANDS or point.name in found:
+            continue
+        try:
+            found[point.name] = point.load()
+        except ModuleNotFoundError as err:  # e.g. an image that installed the library alone
+            print(f"ctrflow: command {point.name!r} unavailable ({err})", file=sys.stderr)
+    return found
+
+
+def command_module(name: str) -> ModuleType:
+    """The module of command `name`: a built-in step or an installed one."""
+    if name in COMMANDS:
+        return importlib.import_module(f"ctrflow.commands.{name}")
+    return installed_commands()[name]
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """The `ctrflow` parser for `argv`: every command listed, only the chosen one's flags configured."""
     parser = argparse.ArgumentParser(prog="ctrflow", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"ctrflow {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="<step>", required=True)
     chosen = next((a for a in argv if not a.startswith("-")), None)
-    for name, help_text in COMMANDS.items():
+    # installed commands are looked up only when no built-in step was chosen: the steps start faster
+    extra = {} if chosen in COMMANDS else installed_commands()
+    helps = {**COMMANDS, **{name: getattr(module, "HELP", "") for name, module in extra.items()}}
+    for name, help_text in helps.items():
         step = sub.add_parser(name, help=help_text, description=help_text)
         if name == chosen:  # configure only the step that runs: imports stay lazy
-            importlib.import_module(f"ctrflow.commands.{name}").configure(step)
+            (extra[name] if name in extra else command_module(name)).configure(step)
     return parser
 
 
@@ -44,7 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `ctrflow` console script."""
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
-    module = importlib.import_module(f"ctrflow.commands.{args.command}")
+    if args.command in COMMANDS and hasattr(args, "tracking_uri"):
+        # the step's MLflow worker starts now, beside the step's own imports (ctrflow.tracking.background)
+        from ctrflow.tracking.background import prepare_from_args
+
+        prepare_from_args(args)
+    module = command_module(args.command)
     try:
         return int(module.run(args) or 0)
     except UserError as err:

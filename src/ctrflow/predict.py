@@ -1,27 +1,26 @@
-"""Batch scoring: a checkpoint and the saved vocabularies turn raw Criteo rows into probabilities.
+"""Batch scoring: a checkpoint and the saved vocabularies turn raw rows into probabilities.
 
-The same two pieces serve online: `transform_raw` is what the Triton preprocessing model runs,
-and `ctrflow.serve.ranking.ProbabilityModel` is what the exported ranking model computes, so
-offline and online scores agree (no training/serving skew).
+Raw files are read in the format of the dataset's description (csv, tsv or parquet, as
+`schema.json` records it) into the text columns a client of the served ensemble sends. The same
+two pieces then serve online: `transform_raw` is what the Triton preprocessing model runs, and
+`ctrflow.serve.ranking.ProbabilityModel` is what the exported ranking model computes, so offline
+and online scores agree (no training/serving skew).
 """
 
 from __future__ import annotations
 
-import gzip
 import os
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import torch
 from torch import nn
 
 from ctrflow.schema import Schema
-from ctrflow.datasets.criteo.columns import DENSE, RAW_COLUMNS, SPARSE
 from ctrflow.errors import UserError
 from ctrflow.evaluate.metrics import auc
 from ctrflow.serve.ranking import ProbabilityModel
@@ -73,38 +72,22 @@ def score(model: nn.Module, dense: np.ndarray, sparse: np.ndarray, batch_size: i
     return out
 
 
-def detect_layout(path: Path) -> bool:
-    """True for the 40-column training layout (label first), False for Kaggle's 39-column test layout."""
-    from ctrflow.preprocess.files import is_gzip
+def transform_file(path: Path, schema, vocab) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+    """(dense, sparse, labels or None) per block of a raw file, through the serving transform.
 
-    try:
-        with (gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")) as f:
-            first = f.readline()
-    except (OSError, EOFError) as err:
-        raise UserError(f"{path}: line 1: cannot read ({err})") from None
-    if not first:
-        return True
-    fields = first.rstrip(b"\r\n").count(b"\t") + 1
-    if fields not in (len(RAW_COLUMNS), len(RAW_COLUMNS) - 1):
-        raise UserError(f"{path}: line 1: expected {len(RAW_COLUMNS)} (training layout) or "
-                        f"{len(RAW_COLUMNS) - 1} (Kaggle test layout) tab-separated fields, found {fields}")
-    return fields == len(RAW_COLUMNS)
+    The file is read by the description's own reader (`ctrflow.datasets.table.raw`), which checks
+    every value as preprocessing does and names the file, line and column of a bad one.
+    """
+    from ctrflow.datasets.table.raw import read_raw_rows
+    from ctrflow.preprocess.transform import description_of
+    from ctrflow.serve.preprocess import transform_columns
 
-
-def transform_file(path: Path, vocab) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
-    """(dense, sparse, labels or None) per block of a raw file, through the serving transform."""
-    from ctrflow.datasets.criteo.raw import read_raw
-    from ctrflow.preprocess.transform import transform_raw
-
-    with_label = detect_layout(path)
-    for block in read_raw(path, with_label=with_label):
-        columns = {name: pc.cast(values, pa.string()) for name, values in zip(DENSE, block.dense)}
-        columns.update(zip(SPARSE, block.sparse))
+    for block in read_raw_rows(path, description_of(schema)):
         try:
-            dense, sparse = transform_raw(columns, vocab)
+            dense, sparse = transform_columns(block.columns, schema, vocab)
         except UserError as err:
             raise UserError(f"{path}: {err}") from None
-        yield dense, sparse, (block.label.astype(np.float32) if with_label else None)
+        yield dense, sparse, block.labels
 
 
 def write_table(table: pa.Table, out: Path) -> None:
@@ -119,22 +102,23 @@ def write_table(table: pa.Table, out: Path) -> None:
 
 def predict(checkpoint: str | os.PathLike, data: str | os.PathLike, inputs: Sequence[str | os.PathLike],
             out: str | os.PathLike, batch_size: int = SCORE_BATCH) -> dict:
-    """Score raw Criteo files (plain or gzip, either layout, in the order given) into `out`.
+    """Score raw files of the dataset `data` was preprocessed from (its description's format;
+    plain or gzip text, with or without the label column, in the order given) into `out`.
 
     `out` (.csv or .parquet) has a `probability` column in input row order, and `label` when
-    the inputs carry labels (null for rows of a file in the test layout).
+    the inputs carry labels (null for rows of a file without one, or with an empty label).
     """
     from ctrflow.preprocess.files import expand_inputs
-    from ctrflow.serve.preprocess import load_vocabularies
+    from ctrflow.serve.preprocess import load_preprocessing
 
     out = Path(out)
     if out.suffix not in (".csv", ".parquet"):
         raise UserError(f"--out {out}: must end in .csv or .parquet")
     model, _, _ = load_for_data(checkpoint, data)
-    vocab = load_vocabularies(data)  # checked against schema.json's hash, as the server does
+    schema, vocab = load_preprocessing(data)  # checked against schema.json's hash, as the server does
     scores, labels = [], []
     for path in expand_inputs(inputs):
-        for dense, sparse, label in transform_file(path, vocab):
+        for dense, sparse, label in transform_file(path, schema, vocab):
             scores.append(score(model, dense, sparse, batch_size))
             labels.append(label if label is not None else np.full(len(dense), np.nan, np.float32))
     probability = np.concatenate(scores) if scores else np.zeros(0, np.float32)

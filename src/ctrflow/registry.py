@@ -1,8 +1,9 @@
 """The MLflow model registry: a pyfunc that scores raw rows, and the AUC gate that moves `champion`.
 
 Each export registers a model version whose artifact is an MLflow pyfunc model (`log_pyfunc`): it
-scores a DataFrame of raw Criteo fields with the same code the Triton python models run, and
-carries the Triton repository under `artifacts/triton/`. The export points the `candidate` alias at
+scores a DataFrame of raw rows (one string column per raw column the dataset description names as
+a feature) with the same code the Triton python models run, and carries the Triton repository
+under `artifacts/triton/`. The export points the `candidate` alias at
 it; `promote` moves `champion` to the candidate only when the candidate's AUC is at least the
 champion's.
 """
@@ -23,8 +24,8 @@ import pandas as pd
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from ctrflow.datasets.criteo.columns import DENSE, SPARSE
 from ctrflow.errors import UserError
+from ctrflow.serve import raw_inputs
 
 CANDIDATE = "candidate"
 CHAMPION = "champion"
@@ -32,56 +33,62 @@ ARTIFACT_PATH = "model"  # where `log_pyfunc` puts the pyfunc model in the run's
 CHECKPOINT = "checkpoint"  # names of the pyfunc's artifacts
 VOCABULARY = "vocabulary"
 TRITON = "triton"
-RAW_FIELDS = (*DENSE, *SPARSE)
 PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 
 
 class RawRowsModel(mlflow.pyfunc.PythonModel):
-    """Scores raw Criteo rows: a DataFrame with string columns I1..I13, C1..C26 (empty or missing
-    value = missing field) -> a DataFrame with `probability` (float32), in row order.
+    """Scores raw rows: a DataFrame with one string column per raw column of the schema (empty or
+    missing value = missing; a multi-hot value is its list as the files hold it, separated) -> a
+    DataFrame with `probability` (float32), in row order.
 
     Runs what the Triton repository runs: ctrflow's `transform_raw` with the saved vocabularies,
     then the ranking model, so the registry's pyfunc and the server agree.
     """
 
     def load_context(self, context) -> None:
-        """Load the weights-only checkpoint and the vocabularies from the model's artifacts."""
-        from ctrflow.serve.preprocess import load_vocabularies
+        """Load the weights-only checkpoint, the schema and the vocabularies from the artifacts."""
+        from ctrflow.serve.preprocess import load_preprocessing
         from ctrflow.serve.ranking import load_ranking_model
 
         self.model = load_ranking_model(context.artifacts[CHECKPOINT])
-        self.vocab = load_vocabularies(context.artifacts[VOCABULARY])
+        self.schema, self.vocab = load_preprocessing(context.artifacts[VOCABULARY])
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         """probability [N] of the N rows of `model_input`; a missing column raises naming it."""
-        from ctrflow.serve.preprocess import preprocess_arrays
+        from ctrflow.preprocess.transform import description_of
+        from ctrflow.serve.preprocess import transform_columns
         from ctrflow.serve.ranking import probabilities
 
-        missing = [name for name in RAW_FIELDS if name not in model_input.columns]
+        fields, multi_hot = raw_inputs(self.schema), description_of(self.schema).multi_hot
+        missing = [name for name in fields if name not in model_input.columns]
         if missing:
             raise UserError(f"field {missing[0]}: missing from the input ({len(missing)} field(s) missing)")
-        arrays = {name: raw_strings(model_input[name]) for name in RAW_FIELDS}
-        dense, sparse = preprocess_arrays(arrays, self.vocab)
+        columns = {name: raw_strings(model_input[name], multi_hot[name].separator if name in multi_hot else "|")
+                   for name in fields}
+        dense, sparse = transform_columns(columns, self.schema, self.vocab)
         return pd.DataFrame({"probability": probabilities(self.model, dense, sparse)[:, 0]})
 
 
-def raw_strings(column: pd.Series) -> np.ndarray:
-    """A column as the raw text the TSV would hold: None/NaN -> "", numbers without a trailing .0."""
+def raw_strings(column: pd.Series, separator: str = "|") -> list[str]:
+    """A column as the raw text a file would hold: None/NaN -> "", numbers without a trailing .0,
+    a list of values joined by `separator` (a multi-hot column)."""
     def text(value: Any) -> str:
         if value is None or (isinstance(value, float) and np.isnan(value)):
             return ""
+        if isinstance(value, (list, tuple, np.ndarray)):
+            return separator.join(text(v) for v in value)
         if isinstance(value, float) and value.is_integer():
             return str(int(value))
         return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-    return np.array([text(v) for v in column.tolist()], dtype=object)
+    return [text(v) for v in column.tolist()]
 
 
-def raw_signature():
-    """The pyfunc's signature: 39 string columns in, `probability` out."""
+def raw_signature(schema):
+    """The pyfunc's signature: one string column per raw column of `schema` in, `probability` out."""
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, Schema as ColumnSchema
 
-    inputs = ColumnSchema([ColSpec("string", name) for name in RAW_FIELDS])
+    inputs = ColumnSchema([ColSpec("string", name) for name in raw_inputs(schema)])
     return ModelSignature(inputs=inputs, outputs=ColumnSchema([ColSpec("float", "probability")]))
 
 
@@ -104,7 +111,7 @@ def save_pyfunc(checkpoint: str | os.PathLike, data: str | os.PathLike, out: str
         if repository is not None:  # MLflow names an artifact's folder after its path: stage it as triton/
             artifacts[TRITON] = shutil.copytree(repository, Path(tmp) / TRITON)
         mlflow.pyfunc.save_model(
-            path=str(out), python_model=RawRowsModel(), signature=raw_signature(),
+            path=str(out), python_model=RawRowsModel(), signature=raw_signature(schema),
             artifacts={k: str(v) for k, v in artifacts.items()},
             # explicit: inferring them would load the model in a subprocess; ctrflow itself comes
             # from the serving or training image (it is not on PyPI)

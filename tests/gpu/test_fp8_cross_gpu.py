@@ -38,7 +38,7 @@ def rows(m: int, n: int, seed: int, dtype=torch.bfloat16) -> torch.Tensor:
 def same_fp8(a: torch.Tensor, b: torch.Tensor) -> float:
     """Fraction of equal fp8 values. bf16 inputs often land exactly halfway between two fp8 values,
     where x * (TOP / amax) and torch's x / (amax / TOP), an fp32 ulp apart, round to either
-    neighbour: ~0.1% of values differ by one fp8 step (measured on an H200, device call 3)."""
+    neighbour: ~0.1% of values differ by one fp8 step (measured on an H200)."""
     assert rel_err(a.float(), b.float()) < 0.01  # only such one-step differences
     return float((a.float() == b.float()).float().mean())
 

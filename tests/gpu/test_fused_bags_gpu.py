@@ -131,7 +131,8 @@ def test_bag_kernels_equal_their_torch_version(optimizer, torch_path):
     torch_path()
     for ids, up in steps:
         reference(ids).backward(up)
-    assert rel_err(kernels.weight, reference.weight) < 1e-5
+    # the kernels sum a row's gradients in another order; Adam divides by sqrt(v), amplifying that rounding
+    assert rel_err(kernels.weight, reference.weight) < (2e-4 if optimizer == "adam" else 1e-5)
     assert rel_err(kernels.optimizer_state()["state1"], reference.optimizer_state()["state1"]) < 1e-4
 
 

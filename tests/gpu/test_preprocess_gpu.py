@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from ctrflow.preprocess.run import preprocess
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
-from test_preprocess import random_rows, row, write  # noqa: E402
-from test_preprocess_fanout import _assert_same_dataset  # noqa: E402
+from tests.fixtures.preprocess import random_rows, row, write
+from tests.fixtures.preprocess import assert_same_dataset
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -28,6 +25,6 @@ def test_gpu_cuda_engine_output_and_bad_rows_are_identical_to_cpu(tmp_path, on_b
         outs[engine] = tmp_path / engine
         preprocess([src], out=outs[engine], freq_threshold=2, valid_fraction=0.2, workers=2, chunk_rows=600,
                    engine=engine, device=device, seed=3, on_bad_rows=on_bad_rows)
-    _assert_same_dataset(outs["gpu"], outs["cpu"])
+    assert_same_dataset(outs["gpu"], outs["cpu"])
     if on_bad_rows == "skip":
         assert (outs["gpu"] / "rejected.tsv").read_text() == (outs["cpu"] / "rejected.tsv").read_text()

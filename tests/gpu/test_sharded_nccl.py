@@ -27,12 +27,10 @@ import torch.multiprocessing as mp
 from ctrflow.embedding.collection import EmbeddingCollection
 from ctrflow.embedding.fused.sharded import FusedShardedEmbeddingCollection
 from ctrflow.embedding.plan import plan_sharding
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-import test_sharding_fused as fused_parity  # noqa: E402
-from bag_fixtures import bag_batches, bag_tables  # noqa: E402
-from test_sharding_parity import check_results, worker  # noqa: E402
-from train_fixtures import write_processed  # noqa: E402
+import tests.fixtures.sharding_fused as fused_parity
+from tests.fixtures.bags import bag_batches, bag_tables
+from tests.fixtures.sharding_parity import check_results, worker
+from tests.fixtures.training import write_processed
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")]
@@ -87,7 +85,7 @@ def test_fused_sharded_gpus_match_one_fused_process(tmp_path, world):
     # dim 32 (tensor-core pre-reduction), tables of up to 50k rows, batch 16,000, 10 steps, lr 0.01:
     # at lr 0.1 the probe's Adagrad/Adam trajectory is chaotic: the replicated tables' sums (another
     # summation order than one process's) drift 4e-4 after 4 steps and 2.5e-2 after 10 on 2 H200s,
-    # while each update alone agrees to 1e-6 (benchmarks/NOTES.md, four GPUs, session 2)
+    # while each update alone agrees to 1e-6 (measured on H200s)
     mp.spawn(fused_parity.worker, args=(world, str(tmp_path / "store"), results, "cuda", 32, 1000, 10, 0.01),
              nprocs=world, join=True)
     print({k: {m: v[m] for m in ("out", "loss", "weights", "state")} for k, v in dict(results).items()})

@@ -5,16 +5,13 @@ scan gives each process its rows in order; `ctrflow train --loader stream` runs 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from train_fixtures import write_processed  # noqa: E402
+from tests.fixtures.training import write_processed
 
 from ctrflow.config import DataConfig, TrainConfig  # noqa: E402
 from ctrflow.loaders.stream import StreamLoader  # noqa: E402

@@ -4,14 +4,11 @@ learns like the plain path, and its checkpoint loads on the CPU with the same pr
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from train_fixtures import write_processed  # noqa: E402
+from tests.fixtures.training import write_processed
 
 from ctrflow.config import DataConfig, ModelConfig, OptimConfig, TrainConfig  # noqa: E402
 from ctrflow.loaders.memory import BatchLoader, ParquetDataset  # noqa: E402

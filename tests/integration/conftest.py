@@ -70,7 +70,7 @@ def pipeline_run(mlflow_server, tmp_path_factory) -> dict:
     """One local run of the whole pipeline on tiny synthetic data, tracked in `mlflow_server`;
     returns `summarize_local_run`'s headline plus the server URL."""
     pytest.importorskip("kfp")
-    from pipelines.local import run_local, summarize_local_run
+    from ctrflow_pipelines.local import run_local, summarize_local_run
 
     root = tmp_path_factory.mktemp("pipeline_root")
     arguments = {"synth_rows": 4000, "synth_days": 2, "seed": 3, "freq_threshold": 2, "batch_size": 64,

@@ -100,7 +100,7 @@ def test_given_raw_files_with_valid_fraction(pipeline_run, tmp_path):
     import os
     import shutil
 
-    from pipelines.local import run_local, summarize_local_run
+    from ctrflow_pipelines.local import run_local, summarize_local_run
 
     given = tmp_path / "given"
     given.mkdir()
@@ -121,3 +121,31 @@ def test_given_raw_files_with_valid_fraction(pipeline_run, tmp_path):
     assert sorted(p.name for p in (run_dir / "raw-data" / "raw").iterdir()) == [f"part_{i}.tsv" for i in range(3)]
     assert_same_as_single_process(run_dir, [f"part_{i}.tsv" for i in range(3)], [], freq_threshold=3,
                                   valid_fraction=0.2)
+
+
+def test_movielens_like_dataset_runs_through_the_whole_pipeline(tmp_path):
+    """`dataset` = "movielens-like": synthesized with its description, which the fan-out reads, down
+    to a Triton ensemble whose inputs are the description's columns (tracking off)."""
+    import os
+
+    from pipelines.local import run_local, summarize_local_run
+    from ctrflow.schema import Schema
+
+    arguments = {"dataset": "movielens-like", "synth_rows": 3000, "synth_days": 2, "seed": 5, "batch_size": 256,
+                 "embedding_dim": 8, "max_steps": 6, "model": "deepfm", "export_backend": "python",
+                 "model_name": "movies", "mlflow_tracking_uri": "none"}
+    cwd = os.getcwd()
+    os.chdir(Path(__file__).resolve().parents[2])  # the tasks import the repository's packages
+    try:
+        run_dir = run_local(tmp_path / "root", arguments)
+    finally:
+        os.chdir(cwd)
+    summary = summarize_local_run(run_dir)
+    raw = run_dir / "raw-data" / "raw"
+    assert sorted(p.name for p in raw.iterdir()) == ["day_0.csv", "day_1.csv", "movielens.yaml", "synth.json"]
+    assert 0.75 <= summary["teacher_auc"] <= 0.85 and 0.0 < summary["auc"] < 1.0 and summary["rows"] == 3000
+    schema = Schema.load(run_dir / "finalize-data" / "data")
+    assert schema.dataset["label"] == "liked" and schema.freq_threshold == 2  # the description's threshold
+    assert [f.kind for f in schema.features.sparse] == ["categorical", "categorical", "multi_hot"]
+    config = (Path(summary["repository"]) / "movies" / "config.pbtxt").read_text()
+    assert all(f'name: "{c}"' in config for c in ("age", "price", "userId", "movieId", "genres"))

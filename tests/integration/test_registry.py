@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from ctrflow.cli import main
-from ctrflow.datasets.criteo.columns import DENSE, SPARSE
+from ctrflow.schema import Schema
+from ctrflow.serve import raw_inputs
 
 mlflow = pytest.importorskip("mlflow")
 pytestmark = pytest.mark.integration
@@ -126,7 +127,7 @@ def test_export_registers_a_pyfunc_that_scores_raw_rows_like_ctrflow_predict(mlf
     assert main(["predict", "--checkpoint", str(ckpt), "--data", str(data), "--input", str(tmp_path / "rows.tsv"),
                  "--out", str(tmp_path / "scores.csv")]) == 0
     offline = pd.read_csv(tmp_path / "scores.csv")["probability"].to_numpy()
-    frame = pd.DataFrame([line.split("\t")[1:] for line in lines], columns=[*DENSE, *SPARSE])
+    frame = pd.DataFrame([line.split("\t")[1:] for line in lines], columns=list(raw_inputs(Schema.load(data))))
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
     model = mlflow.pyfunc.load_model(f"models:/{name}@candidate")

@@ -4,7 +4,6 @@ and continues the same trajectory (topology- and path-independent checkpoints)."
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,11 +11,9 @@ import torch.multiprocessing as mp
 
 from ctrflow.cli import main
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
-from train_fixtures import write_processed  # noqa: E402
+from tests.fixtures.training import write_processed
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_sharded_training import _free_port as _port, _losses, _rank  # noqa: E402  (spawned ranks import it too)
+from tests.fixtures.ranks import free_port, losses, run_rank
 
 pytestmark = pytest.mark.integration
 
@@ -32,15 +29,15 @@ def test_two_fused_processes_match_one_and_resume_on_the_plain_path(tmp_path, mo
     monkeypatch.delenv("RANK", raising=False)
     data = write_processed(tmp_path / "data", train_rows=640, valid_rows=64, cardinality=30)
     plans = {"table": ["--sharding", "table"], "row": ["--sharding", "row"]}
-    runs = [(_port(), _argv(data, tmp_path / name, "--embedding", "fused", *extra)) for name, extra in plans.items()]
-    mp.start_processes(_rank, args=(runs,), nprocs=2, join=True, start_method="spawn")
+    runs = [(free_port(), _argv(data, tmp_path / name, "--embedding", "fused", *extra)) for name, extra in plans.items()]
+    mp.start_processes(run_rank, args=(runs,), nprocs=2, join=True, start_method="spawn")
     assert main(_argv(data, tmp_path / "one", "--embedding", "fused")) == 0
-    one = _losses(tmp_path / "one")
+    one = losses(tmp_path / "one")
     for name in plans:
-        two = _losses(tmp_path / name)
+        two = losses(tmp_path / name)
         assert len(two) == len(one) == 12
         assert max(abs(a - b) / abs(b) for a, b in zip(two, one)) <= 1e-5, name
     (tmp_path / "row" / "latest").write_text("step_00000006\n")
     assert main(_argv(data, tmp_path / "resumed", "--embedding", "plain", "--resume", str(tmp_path / "row"))) == 0
-    resumed = _losses(tmp_path / "resumed")
+    resumed = losses(tmp_path / "resumed")
     assert max(abs(a - b) / abs(b) for a, b in zip(resumed[6:], one[6:])) <= 1e-4

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,8 +18,8 @@ import torch.multiprocessing as mp
 
 from ctrflow.cli import main
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
-from train_fixtures import write_processed  # noqa: E402
+from tests.fixtures.training import write_processed
+from tests.fixtures.ranks import free_port, losses, run_rank
 
 pytestmark = pytest.mark.integration
 
@@ -32,25 +31,6 @@ def _argv(data: Path, out: Path, *extra: str) -> list[str]:
     return ["train", "--data", str(data), "--out", str(out), "--batch-size", "32", "--max-steps", str(STEPS),
             "--log-every", "1", "--device", "cpu", "--no-progress", "--limit-eval-batches", "1",
             "--embedding-dim", "4", "--checkpoint-every", "10", *extra]
-
-
-def _losses(out: Path) -> list[float]:
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in records if "loss" in r]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank(rank: int, runs: list[tuple[int, list[str]]]) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                      MLFLOW_TRACKING_URI="none", OMP_NUM_THREADS="1")
-    for port, argv in runs:
-        os.environ["MASTER_PORT"] = str(port)
-        assert main(argv) == 0
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +50,8 @@ def _run_all(root: Path) -> dict[str, Path]:
              "data": ["--sharding", "data"], "plan": ["--sharding", "table", "--plan", str(root / "plan.json"),
                                                       "--model", "deepfm"]}
     outs = {name: root / name for name in SHARDINGS}
-    two = [(_free_port(), _argv(data, outs[n], *extra[n])) for n in SHARDINGS]
-    mp.start_processes(_rank, args=(two,), nprocs=2, join=True, start_method="spawn")
+    two = [(free_port(), _argv(data, outs[n], *extra[n])) for n in SHARDINGS]
+    mp.start_processes(run_rank, args=(two,), nprocs=2, join=True, start_method="spawn")
     assert main(_argv(data, root / "one")) == 0
     assert main(_argv(data, root / "one_deepfm", "--model", "deepfm")) == 0
     return {"data": data, "one": root / "one", "one_deepfm": root / "one_deepfm", **outs}
@@ -79,8 +59,8 @@ def _run_all(root: Path) -> dict[str, Path]:
 
 @pytest.mark.parametrize("sharding", SHARDINGS)
 def test_two_processes_log_the_losses_of_one(runs, sharding):
-    ref = _losses(runs["one_deepfm" if sharding == "plan" else "one"])
-    got = _losses(runs[sharding])
+    ref = losses(runs["one_deepfm" if sharding == "plan" else "one"])
+    got = losses(runs[sharding])
     assert len(got) == len(ref) == STEPS
     assert max(abs(a - b) / abs(b) for a, b in zip(got, ref)) <= 1e-4
 
@@ -89,7 +69,7 @@ def test_two_process_checkpoint_resumes_on_one_process(runs, tmp_path, monkeypat
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "none")
     out = tmp_path / "resumed"
     assert main(_argv(runs["data"], out, "--resume", str(runs["row"] / "step_00000010"))) == 0
-    got, ref = _losses(out), _losses(runs["one"])
+    got, ref = losses(out), losses(runs["one"])
     assert len(got) == STEPS
     assert max(abs(a - b) / abs(b) for a, b in zip(got[10:], ref[10:])) <= 1e-4
 
@@ -109,7 +89,7 @@ def test_torchrun_module_entry_point_matches_one_process(runs, tmp_path):
     done = _torchrun("-m", "ctrflow", *_argv(runs["data"], out))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "sharding plan" in done.stdout
-    got, ref = _losses(out), _losses(runs["one"])
+    got, ref = losses(out), losses(runs["one"])
     assert max(abs(a - b) / abs(b) for a, b in zip(got, ref)) <= 1e-4
 
 

@@ -14,8 +14,7 @@ import torch
 
 from ctrflow.checkpoint import load_model
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
-from train_fixtures import write_processed  # noqa: E402
+from tests.fixtures.training import write_processed
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,11 @@
-"""A real `tritonserver` serves the exported python-backend repository: raw rows in over HTTP,
-the same probabilities as `ctrflow predict` out; malformed requests get errors naming the field.
+"""A real `tritonserver` serves the exported python-backend repository: raw rows in over HTTP, the
+same probabilities as `ctrflow predict` out, for the built-in Criteo TSV and for a dataset of its
+own (the movielens-like CSV: a header, users, movies, a multi-hot genre list, two numbers);
+malformed requests get errors naming the field.
 
 Needs the serving venv (`scripts/setup_triton.sh`, which `make test` runs); skipped without it.
+The server's python models import the ctrflow the serving venv holds (the checkout it was set up
+from): its embedded Python ignores PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -19,12 +23,18 @@ import pandas as pd
 import pytest
 
 from ctrflow.cli import main
-from ctrflow.datasets.criteo.columns import DENSE, SPARSE
+from ctrflow.datasets.table.raw import read_raw_rows
+from ctrflow.preprocess.transform import description_of
+from ctrflow.schema import Schema
+from ctrflow.serve import raw_inputs
 from ctrflow.serve.tritonserver import TritonServer, find_serving_venv
 
 pytestmark = pytest.mark.integration
-RAW_FIELDS = (*DENSE, *SPARSE)
 NAME = "ctr"
+DATASETS = {  # synth --dataset, the day files, the description preprocess reads
+    "criteo": ("day_0.tsv", "day_1.tsv", "criteo"),
+    "movielens-like": ("day_0.csv", "day_1.csv", "movielens.yaml"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -47,13 +57,15 @@ def _no_tracking():
         yield
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory, serving_venv) -> dict[str, Path]:
+@pytest.fixture(scope="module", params=list(DATASETS))
+def exported(request, tmp_path_factory, serving_venv) -> dict:
     """synth -> preprocess -> train a few steps -> export --backend python, all through the CLI."""
-    tmp = tmp_path_factory.mktemp("serving")
+    tmp = tmp_path_factory.mktemp(f"serving-{request.param}")
+    train, valid, described = DATASETS[request.param]
+    dataset = described if described == "criteo" else str(tmp / "raw" / described)
     steps = [
-        ["synth", "--rows", "3000", "--days", "2", "--seed", "3", "--out", str(tmp / "raw")],
-        ["preprocess", "--train", str(tmp / "raw" / "day_0.tsv"), "--valid", str(tmp / "raw" / "day_1.tsv"),
+        ["synth", "--dataset", request.param, "--rows", "3000", "--days", "2", "--seed", "3", "--out", str(tmp / "raw")],
+        ["preprocess", "--dataset", dataset, "--train", str(tmp / "raw" / train), "--valid", str(tmp / "raw" / valid),
          "--out", str(tmp / "data"), "--freq-threshold", "2"],
         ["train", "--data", str(tmp / "data"), "--model", "dlrm", "--out", str(tmp / "ckpt"),
          "--max-steps", "20", "--batch-size", "128", "--embedding-dim", "8"],
@@ -62,8 +74,9 @@ def exported(tmp_path_factory, serving_venv) -> dict[str, Path]:
     ]
     for argv in steps:
         assert main(argv) == 0, f"ctrflow {argv[0]} failed"
-    return {"tmp": tmp, "raw": tmp / "raw" / "day_1.tsv", "data": tmp / "data", "ckpt": tmp / "ckpt",
-            "repo": tmp / "repo"}
+    schema = Schema.load(tmp / "data")
+    return {"tmp": tmp, "dataset": request.param, "raw": tmp / "raw" / valid, "data": tmp / "data",
+            "ckpt": tmp / "ckpt", "repo": tmp / "repo", "schema": schema, "fields": raw_inputs(schema)}
 
 
 @pytest.fixture(scope="module")
@@ -73,37 +86,52 @@ def server(exported, serving_venv):
         yield running
 
 
-def raw_rows(path: Path, count: int) -> list[list[str]]:
-    """The first `count` rows of a 40-column raw TSV file, as fields I1..C26 (label dropped)."""
-    with open(path) as lines:
-        return [line.rstrip("\n").split("\t")[1:] for _, line in zip(range(count), lines)]
+def raw_rows(exported: dict, count: int) -> dict[str, list[str]]:
+    """The first `count` rows of the validation day as a client reads them: text per raw column."""
+    blocks = read_raw_rows(exported["raw"], description_of(exported["schema"]))
+    rows = {name: [] for name in exported["fields"]}
+    for block in blocks:
+        for name in rows:
+            rows[name] += block.columns[name].to_pylist()
+        if len(rows[exported["fields"][0]]) >= count:
+            break
+    return {name: values[:count] for name, values in rows.items()}
 
 
-def request_inputs(rows: list[list[str]], fields=RAW_FIELDS):
+def first_lines(exported: dict, count: int, out: Path) -> Path:
+    """A raw file of the first `count` rows of the validation day (and its header, if it has one)."""
+    lines = exported["raw"].read_text().splitlines(keepends=True)
+    header = 1 if description_of(exported["schema"]).header else 0
+    out.write_text("".join(lines[:count + header]))
+    return out
+
+
+def request_inputs(rows: dict[str, list[str]], fields):
     """One BYTES [N, 1] input per field (the empty string = missing)."""
     import tritonclient.http as httpclient
 
     inputs = []
     for name in fields:
-        column = RAW_FIELDS.index(name)
-        values = np.array([[row[column].encode()] for row in rows], dtype=object)
+        values = np.array([[value.encode()] for value in rows[name]], dtype=object)
         tensor = httpclient.InferInput(name, list(values.shape), "BYTES")
         tensor.set_data_from_numpy(values)
         inputs.append(tensor)
     return inputs
 
 
-def infer(url: str, rows: list[list[str]], fields=RAW_FIELDS) -> np.ndarray:
+def infer(url: str, rows: dict[str, list[str]], fields) -> np.ndarray:
     """probability [N] for `rows` from the server at `url` (host:port), in requests of at most
     the model's max_batch_size rows."""
     import tritonclient.http as httpclient
 
+    count = len(next(iter(rows.values())))
     client = httpclient.InferenceServerClient(url)
     try:
-        limit = int(client.get_model_config(NAME).get("max_batch_size") or len(rows)) or len(rows)
+        limit = int(client.get_model_config(NAME).get("max_batch_size") or count) or count
         parts = []
-        for start in range(0, len(rows), limit):
-            reply = client.infer(NAME, request_inputs(rows[start:start + limit], fields),
+        for start in range(0, count, limit):
+            chunk = {name: values[start:start + limit] for name, values in rows.items()}
+            reply = client.infer(NAME, request_inputs(chunk, fields),
                                  outputs=[httpclient.InferRequestedOutput("probability")])
             parts.append(reply.as_numpy("probability").reshape(-1))
     finally:
@@ -112,34 +140,46 @@ def infer(url: str, rows: list[list[str]], fields=RAW_FIELDS) -> np.ndarray:
 
 
 def test_served_probabilities_equal_ctrflow_predict(exported, server, tmp_path):
-    rows = raw_rows(exported["raw"], 1000)
-    sample = tmp_path / "rows.tsv"
-    sample.write_text("".join("0\t" + "\t".join(row) + "\n" for row in rows))
+    sample = first_lines(exported, 1000, tmp_path / f"rows{exported['raw'].suffix}")
     assert main(["predict", "--checkpoint", str(exported["ckpt"]), "--data", str(exported["data"]),
                  "--input", str(sample), "--out", str(tmp_path / "scores.csv")]) == 0
     offline = pd.read_csv(tmp_path / "scores.csv")["probability"].to_numpy()
 
-    served = infer(server.url, rows)
+    served = infer(server.url, raw_rows(exported, 1000), exported["fields"])
 
     assert served.shape == offline.shape == (1000,)
     assert np.max(np.abs(served - offline)) <= 1e-5
+    assert offline.std() > 1e-3  # the rows really score differently
 
 
 def test_malformed_rows_get_an_error_naming_the_field_and_serving_goes_on(exported, server):
     from tritonclient.utils import InferenceServerException
 
-    rows = raw_rows(exported["raw"], 8)
-    bad_dense = [list(row) for row in rows]
-    bad_dense[3][RAW_FIELDS.index("I5")] = "12x"
-    with pytest.raises(InferenceServerException, match="I5"):
-        infer(server.url, bad_dense)
-    without_c7 = tuple(name for name in RAW_FIELDS if name != "C7")
-    with pytest.raises(InferenceServerException, match="C7"):
-        infer(server.url, rows, fields=without_c7)
+    rows, fields = raw_rows(exported, 8), exported["fields"]
+    dense = exported["schema"].features.dense[0].name
+    bad_dense = {name: list(values) for name, values in rows.items()}
+    bad_dense[dense][3] = "12x"
+    with pytest.raises(InferenceServerException, match=dense):
+        infer(server.url, bad_dense, fields)
+    without_last = fields[:-1]
+    with pytest.raises(InferenceServerException, match=fields[-1]):
+        infer(server.url, rows, without_last)
 
-    good = infer(server.url, rows)
+    good = infer(server.url, rows, fields)
     assert good.shape == (8,) and np.all((good > 0) & (good < 1))
     assert server.is_alive()
+
+
+def test_movielens_genres_are_sent_as_the_files_text(exported, server):
+    if exported["dataset"] != "movielens-like":
+        pytest.skip("the multi-hot column of the movielens-like dataset")
+    rows = raw_rows(exported, 64)
+    assert any("|" in genres for genres in rows["genres"]) and "" in rows["genres"]  # a list; none listed
+    reordered = {name: list(values) for name, values in rows.items()}
+    reordered["genres"] = ["|".join(reversed(g.split("|"))) if g else g for g in rows["genres"]]
+    # a bag is a set of ids: the order of the genres in the text changes nothing (sum pooling)
+    assert np.allclose(infer(server.url, reordered, exported["fields"]),
+                       infer(server.url, rows, exported["fields"]), atol=1e-6)
 
 
 def test_ctrflow_serve_serves_the_repository_until_sigterm(exported, server, serving_venv):
@@ -152,8 +192,9 @@ def test_ctrflow_serve_serves_the_repository_until_sigterm(exported, server, ser
         started = json.loads(process.stdout.readline() or "{}")  # printed once every model is ready
         assert sorted(started.get("models", [])) == [NAME, f"{NAME}_model", f"{NAME}_preprocess"], \
             process.stderr.read() if process.poll() is not None else started
-        rows = raw_rows(exported["raw"], 16)
-        assert np.array_equal(infer(started["http"], rows), infer(server.url, rows))
+        rows = raw_rows(exported, 16)
+        assert np.array_equal(infer(started["http"], rows, exported["fields"]),
+                              infer(server.url, rows, exported["fields"]))
     finally:
         process.send_signal(signal.SIGTERM)
         code = process.wait(60)

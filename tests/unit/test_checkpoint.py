@@ -17,7 +17,8 @@ from ctrflow.checkpoint import check_schema, load_model, restore_checkpoint, sav
 from ctrflow.train.distributed import init_runtime
 from ctrflow.train.optim import build_optimizers
 from ctrflow.datasets.criteo.columns import criteo_features
-from train_fixtures import one_thread  # noqa: F401 (autouse fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests/conftest.py)
 
 SCHEMA = Schema(cardinalities={c: 20 for c in SPARSE}, features=criteo_features({c: 20 for c in SPARSE}), freq_threshold=1, rows={"train": 1}, vocab_hash="abc")
 

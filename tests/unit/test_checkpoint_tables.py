@@ -8,86 +8,18 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from ctrflow.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
-from ctrflow.schema import Schema
-from ctrflow.datasets.criteo.columns import SPARSE
 from ctrflow.errors import UserError
-from ctrflow.models import build_model, embedding_collections
 from ctrflow.checkpoint import (load_model, model_meta, model_state, read_meta, restore_checkpoint, rng_state,
                                       save_checkpoint, sha256)
 from ctrflow.checkpoint.tables import read_model_state
 from ctrflow.train.distributed import init_runtime
-from ctrflow.train.fused import FusedTables, apply_fused
-from ctrflow.train.optim import build_optimizers
-from ctrflow.datasets.criteo.columns import criteo_features
-from train_fixtures import one_thread  # noqa: F401 (autouse fixture)
+from tests.fixtures.checkpoint import SCHEMA, assert_same, build, config, snapshot, train_steps
 
-SCHEMA = Schema(cardinalities={c: 20 + i for i, c in enumerate(SPARSE)},
-                features=criteo_features({c: 20 + i for i, c in enumerate(SPARSE)}), freq_threshold=1, rows={"train": 1},
-                vocab_hash="abc")
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests/conftest.py)
+
 CASES = [("sgd", False), ("adagrad", False), ("adam", False), ("lazy_adam", False),
          ("sgd", True), ("adagrad", True), ("lazy_adam", True)]
-
-
-def config(sparse: str, dim: int = 16) -> TrainConfig:
-    return TrainConfig(out="", data=DataConfig(path="x"), model=ModelConfig(name="dlrm", embedding_dim=dim),
-                       optim=OptimConfig(lr=0.05, sparse=sparse), keep_checkpoints=2)
-
-
-def build(cfg: TrainConfig, fused: bool, seed: int = 0):
-    """DLRM and its optimizers, on the plain path or with fused tables (their torch version on the CPU)."""
-    model = build_model("dlrm", SCHEMA, cfg.model.embedding_dim, seed=seed, **cfg.model.arch_kwargs())
-    tables = None
-    if fused:
-        tables = FusedTables(apply_fused(model, cfg.optim, torch.device("cpu"), None), cfg.optim.sparse)
-    return model, build_optimizers(model, cfg.optim, tables)
-
-
-def train_steps(model, optimizers, steps: int = 2, rank: int = 0, world: int = 1) -> None:
-    """A few steps on global batches of 32 (this rank's slice of each)."""
-    gen = torch.Generator().manual_seed(1)
-    mine = slice(rank * 32 // world, (rank + 1) * 32 // world)
-    for _ in range(steps):
-        dense = torch.rand(32, 13, generator=gen)
-        sparse = torch.stack([torch.randint(0, n, (32,), generator=gen) for n in SCHEMA.table_sizes()], 1)
-        labels = torch.randint(0, 2, (32,), generator=gen).float()
-        loss = F.binary_cross_entropy_with_logits(model(dense[mine], sparse[mine]), labels[mine])
-        optimizers.zero_grad()
-        loss.backward()
-        optimizers.step()
-
-
-def snapshot(model, optimizers) -> dict:
-    """Whole tables, dense weights and both optimizers' state, cloned."""
-    weights = {f"{p}.{n}": w.clone() for p, c in embedding_collections(model).items()
-               for n, w in c.full_weights().items()}
-    state = optimizers.state_dict()
-    dense = {k: v.clone() for k, v in model.state_dict().items() if k in state_keys(model)}
-    return {"weights": weights, "dense": dense,
-            "sparse": {t: {k: v.clone() for k, v in s.items()} for t, s in state["sparse"]["tables"].items()},
-            "steps": state["sparse"]["steps"], "dense_optim": state["dense"]["state"]}
-
-
-def state_keys(model) -> set[str]:
-    paths = embedding_collections(model)
-    return {k for k in model.state_dict() if not any(k.startswith(p + ".") for p in paths)}
-
-
-def assert_same(got: dict, want: dict) -> None:
-    assert got["weights"].keys() == want["weights"].keys() and got["steps"] == want["steps"]
-    for name, w in want["weights"].items():
-        assert torch.equal(got["weights"][name], w), name
-    for k, v in want["dense"].items():
-        assert torch.equal(got["dense"][k], v), k
-    assert got["sparse"].keys() == want["sparse"].keys()
-    for table, state in want["sparse"].items():
-        assert got["sparse"][table].keys() == state.keys(), table
-        for key, value in state.items():
-            assert torch.equal(got["sparse"][table][key], value), (table, key)
-    for i, s in want["dense_optim"].items():
-        assert all(torch.equal(got["dense_optim"][i][k], v) for k, v in s.items() if torch.is_tensor(v))
 
 
 def save(cfg, model, optimizers, out, at=2):

@@ -29,8 +29,8 @@ from ctrflow.train.build import build as build_run, plan_run
 from ctrflow.train.distributed import Runtime
 from ctrflow.train.fused import FusedTables
 from ctrflow.train.optim import build_optimizers
-from bag_fixtures import bag_batches
-from test_checkpoint_tables import SCHEMA, assert_same, config, snapshot, train_steps
+from tests.fixtures.bags import bag_batches
+from tests.fixtures.checkpoint import SCHEMA, assert_same, config, snapshot, train_steps
 
 BAG_FEATURES = Features(dense=(Feature("I1", "dense", transform="log1p"), Feature("I2", "dense", transform="none")),
                         sparse=(Feature("C1", "categorical", 20), Feature("G", "multi_hot", 30, 4, "sum"),

@@ -13,7 +13,7 @@ pytest.importorskip("kfp")
 
 from kfp import dsl  # noqa: E402
 
-import components  # noqa: E402
+import ctrflow_components as components  # noqa: E402
 from ctrflow.preprocess.run import preprocess  # noqa: E402
 from ctrflow.schema import Schema
 
@@ -30,7 +30,7 @@ def fan_out(tmp: Path, raw, files: list, freq_threshold: int = 2):
     parts = [artifact(dsl.Artifact, tmp, f"parts-{f['index']}") for f in files]
     vocab, data = artifact(dsl.Artifact, tmp, "vocab"), artifact(dsl.Dataset, tmp, "data")
     for file, out in zip(files, counts):
-        components.count_values.python_func(raw=raw, file=file, counts=out)
+        components.count_values.python_func(raw=raw, file=file, counts=out)  # with the file's --dataset
     components.merge_counts.python_func(counts=counts, vocab=vocab, freq_threshold=freq_threshold)
     for file, out in zip(files, parts):
         components.transform_file.python_func(raw=raw, file=file, vocab=vocab, parts=out)
@@ -61,8 +61,9 @@ def chain(tmp_path_factory) -> dict:
 def test_raw_data_and_preprocess_describe_their_data(chain):
     raw, data = chain["raw"].metadata, chain["data"].metadata
     assert raw["files"] == ["day_0.tsv", "day_1.tsv"] and set(raw["teacher_auc"]) == {"day_0", "day_1"}
-    assert chain["files"] == [{"name": "day_0.tsv", "index": 0, "split": "train", "valid_fraction": 0.0},
-                              {"name": "day_1.tsv", "index": 1, "split": "valid", "valid_fraction": 0.0}]
+    assert chain["files"] == [
+        {"name": "day_0.tsv", "index": 0, "split": "train", "valid_fraction": 0.0, "dataset": "criteo"},
+        {"name": "day_1.tsv", "index": 1, "split": "valid", "valid_fraction": 0.0, "dataset": "criteo"}]
     assert data["rows"] == {"train": 3000, "valid": 3000}
     assert data["freq_threshold"] == 2
     schema = json.loads(Path(chain["data"].path, "schema.json").read_text())
@@ -96,6 +97,57 @@ def test_raw_data_copies_given_files_and_fan_out_equals_one_process(chain, tmp_p
     mine, reference = Schema.load(data), Schema.load(single)
     assert (mine.vocab_hash, mine.cardinalities, mine.rows) == (reference.vocab_hash, reference.cardinalities,
                                                                 reference.rows)
+
+
+@pytest.fixture(scope="module")
+def movielens_chain(tmp_path_factory) -> dict:
+    """The same chain on synthetic movielens-like data: its description travels with the files."""
+    tmp = tmp_path_factory.mktemp("components-movielens")
+    out = {"raw": artifact(dsl.Dataset, tmp, "raw"), "checkpoint": artifact(dsl.Model, tmp, "checkpoint"),
+           "metrics": artifact(dsl.Metrics, tmp, "metrics"), "report": artifact(dsl.Artifact, tmp, "report"),
+           "repository": artifact(dsl.Model, tmp, "repository")}
+    out["files"] = components.raw_data.python_func(source="", train_files="day_0.*", valid_files="day_1.*",
+                                                   raw=out["raw"], synth_rows=2000, synth_days=2, seed=1,
+                                                   dataset="movielens-like")
+    out["data"] = fan_out(tmp, out["raw"], out["files"], freq_threshold=0)
+    components.train.python_func(data=out["data"], checkpoint=out["checkpoint"], batch_size=256,
+                                 embedding_dim=4, max_steps=4, **OFF)
+    components.evaluate.python_func(data=out["data"], checkpoint=out["checkpoint"], metrics=out["metrics"],
+                                    report=out["report"], **OFF)
+    components.export.python_func(data=out["data"], checkpoint=out["checkpoint"], report=out["report"],
+                                  repository=out["repository"], name="movies", backend="python", **OFF)
+    return out
+
+
+def test_movielens_chain_reads_the_synthesized_description(movielens_chain):
+    files = movielens_chain["files"]
+    assert [(f["name"], f["split"], f["dataset"]) for f in files] == [
+        ("day_0.csv", "train", "movielens.yaml"), ("day_1.csv", "valid", "movielens.yaml")]
+    assert movielens_chain["raw"].metadata["dataset"] == "movielens.yaml"
+    schema = Schema.load(movielens_chain["data"].path)
+    assert [(f.name, f.kind) for f in schema.features.sparse] == [
+        ("userId", "categorical"), ("movieId", "categorical"), ("genres", "multi_hot")]
+    assert schema.rows == {"train": 2000, "valid": 2000} and schema.freq_threshold == 2  # the description's
+    assert 0.0 <= movielens_chain["metrics"].metadata["auc"] <= 1.0
+    repo = Path(movielens_chain["repository"].path)
+    assert movielens_chain["repository"].metadata["max_abs_diff"] <= 1e-5
+    assert 'key: "genres"' in (repo / "movies" / "config.pbtxt").read_text()
+
+
+def test_raw_data_copies_a_named_description_and_refuses_a_missing_one(tmp_path):
+    synthetic = artifact(dsl.Dataset, tmp_path, "synthetic")
+    components.raw_data.python_func(source="", train_files="day_0.*", valid_files="day_1.*", raw=synthetic,
+                                    synth_rows=300, synth_days=2, dataset="movielens-like")
+    source = Path(synthetic.path)
+    (source / "synth.json").unlink()  # a user's folder: days and their description
+    raw = artifact(dsl.Dataset, tmp_path, "raw")
+    files = components.raw_data.python_func(source=str(source), train_files="day_*", valid_files="",
+                                            raw=raw, valid_fraction=0.1, dataset="movielens.yaml")
+    assert sorted(p.name for p in Path(raw.path).iterdir()) == ["day_0.csv", "day_1.csv", "movielens.yaml"]
+    assert {f["dataset"] for f in files} == {"movielens.yaml"} and len(files) == 2
+    with pytest.raises(RuntimeError, match="no dataset description 'movies.yaml'"):
+        components.raw_data.python_func(source=str(source), train_files="day_*", valid_files="",
+                                        raw=artifact(dsl.Dataset, tmp_path, "raw2"), dataset="movies.yaml")
 
 
 def test_raw_data_names_a_missing_source_or_pattern(tmp_path):

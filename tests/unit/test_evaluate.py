@@ -74,7 +74,7 @@ def test_compute_metrics_keys_and_values():
 
 
 def test_evaluate_cli_writes_metrics_and_plots(tmp_path, tmp_path_factory, capsys):
-    from serving_fixtures import checkpoint, processed_data
+    from tests.fixtures.serving import checkpoint, processed_data
 
     from ctrflow.cli import main
     from ctrflow.loaders.memory import ParquetDataset
@@ -101,7 +101,7 @@ def test_evaluate_cli_writes_metrics_and_plots(tmp_path, tmp_path_factory, capsy
 def test_evaluate_refuses_checkpoint_of_other_data(tmp_path, tmp_path_factory, capsys):
     import shutil
 
-    from serving_fixtures import checkpoint, processed_data
+    from tests.fixtures.serving import checkpoint, processed_data
 
     from ctrflow.cli import main
     from ctrflow.datasets.criteo.columns import criteo_features
@@ -176,7 +176,7 @@ def _validate_share(rank, world, data, store, results, fused_sharded=False):
 
 @pytest.fixture(scope="module")
 def valid_dir(tmp_path_factory):
-    from train_fixtures import write_processed
+    from tests.fixtures.training import write_processed
 
     return write_processed(tmp_path_factory.mktemp("valid"), train_rows=10, valid_rows=701, cardinality=20, parts=3)
 

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from serving_fixtures import checkpoint, load_python_model, processed_data, raw_requests
+from tests.fixtures.serving import checkpoint, load_python_model, movielens_data, processed_data, raw_requests
 from tritonclient.grpc import model_config_pb2 as pb
 
 from ctrflow.errors import UserError
@@ -79,46 +79,49 @@ def test_validation_matches_trained_model(exported, backend):
     assert exported["summaries"][backend]["max_abs_diff"] == report["max_abs_diff"]
 
 
-def _torchscript(repo, features):
+def _torchscript(repo, features, name="ctr"):
     """What the libtorch backend does: the ensemble's tensors -> forward's arguments by the
     `__<index>` of the config's names."""
     import torch
 
     from ctrflow.export.torchscript import load_torchscript
 
-    configs = check_repository(repo, "ctr")
-    order = sorted(configs["ctr_model"].input, key=lambda i: int(i.name.rsplit("__", 1)[1]))
-    step = configs["ctr"].ensemble_scheduling.step[1]
-    module = load_torchscript(repo / "ctr_model" / "1" / "model.pt")
+    configs = check_repository(repo, name)
+    order = sorted(configs[f"{name}_model"].input, key=lambda i: int(i.name.rsplit("__", 1)[1]))
+    step = configs[name].ensemble_scheduling.step[1]
+    module = load_torchscript(repo / f"{name}_model" / "1" / "model.pt")
     with torch.inference_mode():
         return [module(*[torch.from_numpy(r.output(step.input_map[i.name])) for i in order]).numpy()
                 for r in features]
 
 
-def _chain(monkeypatch, repo, requests):
-    """NAME_preprocess -> NAME_model as Triton's ensemble runs them, one response per request."""
-    pre = load_python_model(monkeypatch, repo / "ctr_preprocess" / "1" / "model.py")
+def _chain(monkeypatch, repo, requests, name="ctr"):
+    """NAME_preprocess -> NAME_model as Triton's ensemble runs them, one response per request: the
+    preprocessing step's outputs go to the ranking model by the ensemble config's maps."""
+    from tests.fixtures.serving import FakeRequest
+
+    pre = load_python_model(monkeypatch, repo / f"{name}_preprocess" / "1" / "model.py")
     features = pre.execute(requests)
-    if (repo / "ctr_model" / "1" / "model.pt").exists():
-        return _torchscript(repo, features)
-    if (repo / "ctr_model" / "1" / "model.onnx").exists():
+    assert all(r.error is None for r in features)
+    if (repo / f"{name}_model" / "1" / "model.pt").exists():
+        return _torchscript(repo, features, name)
+    tensors = [{t.name(): t.as_numpy() for t in r.output_tensors} for r in features]
+    if (repo / f"{name}_model" / "1" / "model.onnx").exists():
         import onnxruntime as ort
 
-        session = ort.InferenceSession(str(repo / "ctr_model" / "1" / "model.onnx"))
-        return [session.run(None, {"dense": r.output("dense"), "sparse": r.output("sparse")})[0] for r in features]
-    from serving_fixtures import FakeRequest
-
-    model = load_python_model(monkeypatch, repo / "ctr_model" / "1" / "model.py")
-    ranked = model.execute([FakeRequest({"dense": r.output("dense"), "sparse": r.output("sparse")}) for r in features])
+        session = ort.InferenceSession(str(repo / f"{name}_model" / "1" / "model.onnx"))
+        return [session.run(None, given)[0] for given in tensors]
+    model = load_python_model(monkeypatch, repo / f"{name}_model" / "1" / "model.py")
+    ranked = model.execute([FakeRequest(given) for given in tensors])
     assert all(r.error is None for r in ranked)
     return [r.output("probability") for r in ranked]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_ensemble_chain_on_raw_rows_equals_predict(exported, monkeypatch, backend):
-    from serving_fixtures import FakeRequest
+    from tests.fixtures.serving import FakeRequest
 
-    fields = raw_requests(exported["raw"] / "day_1.tsv", ROWS)
+    fields = raw_requests(exported["raw"] / "day_1.tsv", exported["data"], ROWS)
     halves = [FakeRequest({k: v[:20] for k, v in fields.items()}), FakeRequest({k: v[20:] for k, v in fields.items()})]
     outputs = _chain(monkeypatch, exported["root"] / f"repo-{backend}", halves)
     got = np.concatenate(outputs)
@@ -128,11 +131,11 @@ def test_ensemble_chain_on_raw_rows_equals_predict(exported, monkeypatch, backen
 
 
 def test_malformed_field_gets_error_response_naming_it(exported, monkeypatch):
-    from serving_fixtures import FakeRequest
+    from tests.fixtures.serving import FakeRequest
 
     repo = exported["root"] / "repo-python"
     pre = load_python_model(monkeypatch, repo / "ctr_preprocess" / "1" / "model.py")
-    fields = raw_requests(exported["raw"] / "day_1.tsv", slice(0, 3))
+    fields = raw_requests(exported["raw"] / "day_1.tsv", exported["data"], slice(0, 3))
     bad = dict(fields, I5=np.array([[b"12"], [b"x7"], [b""]], dtype=object))
     missing = {k: v for k, v in fields.items() if k != "C9"}
     responses = pre.execute([FakeRequest(bad), FakeRequest(missing), FakeRequest(fields)])
@@ -211,3 +214,69 @@ def test_serve_refuses_backends_the_bundled_tritonserver_lacks(exported, capsys)
         assert main(["serve", "--repo", str(exported["root"] / f"repo-{backend}")]) == 2
         error = capsys.readouterr().err
         assert f"ctr_model/config.pbtxt: backend {backend} is not in the bundled tritonserver" in error
+
+
+# --- a dataset of its own: the movielens-like table (multi-hot genres), and one without dense columns ---
+
+def test_inputs_are_the_feature_columns_and_zero_width_tensors_are_left_out():
+    from ctrflow.features import Feature, Features
+    from ctrflow.serve import model_inputs, raw_inputs
+
+    def features(dense=("price",), categorical=("userId",), multi_hot=("genres",)) -> Features:
+        return Features(dense=tuple(Feature(n, "dense", transform="log1p") for n in dense),
+                        sparse=tuple([Feature(n, "categorical", cardinality=10) for n in categorical]
+                                     + [Feature(n, "multi_hot", cardinality=10, max_length=3, pooling="sum")
+                                        for n in multi_hot]))
+
+    assert raw_inputs(features()) == ("price", "userId", "genres")
+    assert model_inputs(features()) == ("dense", "sparse")
+    assert model_inputs(features(dense=())) == ("sparse",)
+    assert model_inputs(features(categorical=(), multi_hot=())) == ("dense",)
+
+
+@pytest.fixture(scope="module", params=["movielens", "movielens-no-dense"])
+def movies(request, tmp_path_factory):
+    """Repositories of every backend for a DeepFM on movielens-like data, and `ctrflow predict` on
+    the raw CSV rows they are asked about."""
+    import pyarrow.parquet as pq
+
+    raw, data = movielens_data(tmp_path_factory, drop=("dense",) if request.param.endswith("no-dense") else ())
+    ckpt = checkpoint(tmp_path_factory, "deepfm", data)
+    root = tmp_path_factory.mktemp(f"export-{request.param}")
+    lines = (raw / "day_1.csv").read_text().splitlines()[:61]  # the header and 60 rows
+    (root / "rows.csv").write_text("\n".join(lines) + "\n")
+    predict(ckpt, data, [root / "rows.csv"], root / "scores.parquet")
+    for backend in BACKENDS:
+        export(ckpt, data, root / f"repo-{backend}", "movies", backend=backend, max_batch_size=64,
+               validation_rows=300)
+    return {"root": root, "data": data, "dense": not request.param.endswith("no-dense"),
+            "expected": pq.read_table(root / "scores.parquet").column("probability").to_numpy()}
+
+
+def test_ensemble_inputs_are_the_descriptions_columns(movies):
+    configs = check_repository(movies["root"] / "repo-pytorch", "movies")
+    ensemble, pre, rank = configs["movies"], configs["movies_preprocess"], configs["movies_model"]
+    columns = ["age", "price"] if movies["dense"] else []
+    assert [i.name for i in ensemble.input] == [*columns, "userId", "movieId", "genres"]  # no timestamp, no label
+    assert all(i.data_type == pb.TYPE_STRING and list(i.dims) == [1] for i in ensemble.input)
+    widths = [("dense", pb.TYPE_FP32, [2])] if movies["dense"] else []  # Triton refuses a zero-width tensor
+    widths.append(("sparse", pb.TYPE_INT64, [1 + 1 + 4]))  # userId, movieId, 4 genre slots
+    assert [(o.name, o.data_type, list(o.dims)) for o in pre.output] == widths
+    assert [i.name for i in rank.input] == [f"{name}__{k}" for k, (name, _, _) in enumerate(widths)]
+    assert dict(ensemble.ensemble_scheduling.step[0].output_map) == {name: name for name, _, _ in widths}
+    assert (movies["root"] / "repo-pytorch" / "movies_preprocess" / "1" / "vocab" / "genres.parquet").exists()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_movielens_chain_on_raw_csv_rows_equals_predict(movies, monkeypatch, backend):
+    from tests.fixtures.serving import FakeRequest
+
+    report = json.loads((movies["root"] / f"repo-{backend}" / "validation.json").read_text())
+    assert report["max_abs_diff"] <= 1e-5 and report["rows"] == 300
+    fields = raw_requests(movies["root"] / "rows.csv", movies["data"], slice(0, 60))
+    assert set(fields) >= {"userId", "movieId", "genres"} and b"|" in b"".join(fields["genres"][:, 0])
+    halves = [FakeRequest({k: v[:25] for k, v in fields.items()}), FakeRequest({k: v[25:] for k, v in fields.items()})]
+    got = np.concatenate(_chain(monkeypatch, movies["root"] / f"repo-{backend}", halves, "movies"))
+    assert got.shape == (60, 1)
+    assert np.abs(got[:, 0] - movies["expected"]).max() <= 1e-5
+    assert movies["expected"].std() > 1e-3

@@ -13,8 +13,8 @@ from ctrflow.cli import main
 from ctrflow.datasets.criteo.gpu_parse import Tables, hex_strings, hex_values, parse_lines
 from ctrflow.preprocess.run import preprocess
 from ctrflow.errors import UserError
-from test_preprocess import random_rows, row, write
-from test_preprocess_fanout import _assert_same_dataset
+from tests.fixtures.preprocess import random_rows, row, write
+from tests.fixtures.preprocess import assert_same_dataset
 
 
 def _both(tmp_path, train, valid=(), **options):
@@ -32,13 +32,13 @@ def test_gpu_engine_output_is_identical_to_cpu(tmp_path):
     zipped.write_bytes(gzip.compress("".join(x + "\n" for x in random_rows(500, seed=6)).encode()))
     (tmp_path / "valid.tsv").write_text("\n".join(random_rows(300, seed=7)))  # no final newline
     outs = _both(tmp_path, [train, str(zipped)], [str(tmp_path / "valid.tsv")], freq_threshold=2, chunk_rows=170)
-    _assert_same_dataset(outs["gpu"], outs["cpu"])
+    assert_same_dataset(outs["gpu"], outs["cpu"])
 
 
 def test_gpu_engine_split_is_identical_to_cpu(tmp_path):
     train = write(tmp_path / "train.tsv", random_rows(1500, seed=8))
     outs = _both(tmp_path, [train], freq_threshold=3, valid_fraction=0.3, seed=4, chunk_rows=400)
-    _assert_same_dataset(outs["gpu"], outs["cpu"])
+    assert_same_dataset(outs["gpu"], outs["cpu"])
 
 
 def test_gpu_engine_skips_bad_rows_like_cpu(tmp_path):
@@ -50,7 +50,7 @@ def test_gpu_engine_skips_bad_rows_like_cpu(tmp_path):
     lines[700] = row("1", {"I1": "+5"}, {"C2": "0000abcd"})  # a '+': the CPU parser decides
     src = write(tmp_path / "in.tsv", lines)
     outs = _both(tmp_path, [src], freq_threshold=2, valid_fraction=0.2, chunk_rows=150, on_bad_rows="skip")
-    _assert_same_dataset(outs["gpu"], outs["cpu"])
+    assert_same_dataset(outs["gpu"], outs["cpu"])
     rejected = (outs["gpu"] / "rejected.tsv").read_text()
     assert rejected == (outs["cpu"] / "rejected.tsv").read_text() and len(rejected.splitlines()) >= 5
 
@@ -81,14 +81,14 @@ def test_gpu_engine_truncated_gzip_is_reported_like_cpu(tmp_path):
         messages.append(str(err.value))
     assert messages[0] == messages[1]
     outs = _both(tmp_path / "skip", [str(src)], chunk_rows=100, on_bad_rows="skip")
-    _assert_same_dataset(outs["gpu"], outs["cpu"])
+    assert_same_dataset(outs["gpu"], outs["cpu"])
 
 
 def test_gpu_engine_other_strings_take_the_cpu_path(tmp_path):
     lines = random_rows(500, seed=12) + [row("1", {}, {"C3": "short", "C4": "ABCDEF01"})] * 3
     src = write(tmp_path / "in.tsv", lines)
     outs = _both(tmp_path, [src], freq_threshold=2, chunk_rows=200)
-    _assert_same_dataset(outs["gpu"], outs["cpu"])
+    assert_same_dataset(outs["gpu"], outs["cpu"])
 
 
 def test_gpu_engine_on_a_missing_gpu_is_a_one_line_error(tmp_path):
@@ -129,5 +129,5 @@ def test_gpu_engine_output_is_the_same_over_many_groups_and_off_device(tmp_path,
     monkeypatch.setattr(gpu_read, "GROUP_BYTES", 50_000)  # many groups of a few blocks each
     monkeypatch.setattr(gpu_engine.GpuEngine, "_memory_budget", lambda self: 100_000)  # most groups off the device
     outs = _both(tmp_path, [src], freq_threshold=2, valid_fraction=0.25, chunk_rows=90, on_bad_rows="skip")
-    _assert_same_dataset(outs["gpu"], outs["cpu"])
+    assert_same_dataset(outs["gpu"], outs["cpu"])
     assert (outs["gpu"] / "rejected.tsv").read_text() == (outs["cpu"] / "rejected.tsv").read_text()

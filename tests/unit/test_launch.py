@@ -16,7 +16,7 @@ from ctrflow.errors import UserError
 
 pytest.importorskip("kfp")
 
-from pipelines.launch import launch_spec, pytorchjob, trainjob, vertex_custom_job  # noqa: E402
+from ctrflow_pipelines.launch import launch_spec, pytorchjob, trainjob, vertex_custom_job  # noqa: E402
 
 TRAIN = ["--data", "/mnt/data", "--out", "/mnt/ckpt", "--model", "dlrm"]
 

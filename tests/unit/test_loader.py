@@ -10,7 +10,7 @@ import torch
 
 from ctrflow.loaders.memory import BatchLoader, ParquetDataset
 from ctrflow.errors import UserError
-from train_fixtures import one_thread, write_processed  # noqa: F401 (autouse fixture)
+from tests.fixtures.training import write_processed
 
 
 @pytest.fixture(scope="module")
@@ -262,6 +262,8 @@ def test_ids_beyond_32_bits_are_named_not_truncated(tmp_path):
 # --- evaluation scan (ctrflow.loaders.scan): the whole split in order, one contiguous share per process ----------
 
 from ctrflow.loaders.scan import ScanLoader  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests/conftest.py)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])

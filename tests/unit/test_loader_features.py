@@ -16,10 +16,11 @@ from ctrflow.loaders.scan import ScanLoader
 from ctrflow.loaders.stream import StreamLoader
 from ctrflow.loaders.stream_plan import ParquetIndex
 from ctrflow.schema import Schema
-from multihot_fixtures import mixed_features, write_mixed
-from train_fixtures import one_thread  # noqa: F401 (autouse fixture)
+from tests.fixtures.multihot import mixed_features, write_mixed
 
 FEATURES = mixed_features(dense=2, categorical=2, multi_hot=2, cardinality=30, max_length=4)
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

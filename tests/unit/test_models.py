@@ -12,7 +12,8 @@ from ctrflow.embedding.collection import EmbeddingCollection
 from ctrflow.models import MODELS, build_model, embedding_collections, replace_module
 from ctrflow.train.optim import build_optimizers
 from ctrflow.features import Features
-from train_fixtures import one_thread  # noqa: F401 (autouse fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests/conftest.py)
 
 SIZES = [30 + i for i in range(len(SPARSE))]
 
@@ -83,7 +84,7 @@ import math  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from multihot_fixtures import draw_rows, mixed_features  # noqa: E402
+from tests.fixtures.multihot import draw_rows, mixed_features
 
 FEATURE_SETS = {"multi_hot": mixed_features(2, 2, 2), "no_dense": mixed_features(0, 1, 2),
                 "no_sparse": mixed_features(3, 0, 0)}

@@ -17,9 +17,9 @@ from ctrflow.errors import UserError
 
 pytest.importorskip("kfp")
 
-from pipelines.cli import parameter_values  # noqa: E402
-from pipelines.compile import COMMITTED, compile_pipeline  # noqa: E402
-from pipelines.submit import submit_kfp, submit_vertex  # noqa: E402
+from ctrflow_pipelines.cli import parameter_values  # noqa: E402
+from ctrflow_pipelines.compile import COMMITTED, compile_pipeline  # noqa: E402
+from ctrflow_pipelines.submit import submit_kfp, submit_vertex  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -60,12 +60,21 @@ def test_one_train_task_serves_cpu_and_gpus(compiled):
     shm = spec["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-train"]["emptyDirMounts"]
     assert shm == [{"medium": "Memory", "mountPath": "/dev/shm", "sizeLimit": "16Gi", "volumeName": "dshm"}]
     assert set(spec["root"]["inputDefinitions"]["parameters"]) >= {
-        "raw_data", "model", "freq_threshold", "epochs", "batch_size", "num_gpus", "mlflow_tracking_uri",
+        "raw_data", "dataset", "model", "freq_threshold", "epochs", "batch_size", "num_gpus", "mlflow_tracking_uri",
         "mlflow_experiment"}
 
 
+def test_dataset_parameter_reaches_the_raw_data_task(compiled):
+    spec = load_spec(compiled)
+    parameters = spec["root"]["inputDefinitions"]["parameters"]
+    assert parameters["dataset"]["defaultValue"] == "criteo"
+    assert parameters["freq_threshold"]["defaultValue"] == 0  # 0: the description's own threshold
+    given = tasks_of(spec)["raw-data"]["inputs"]["parameters"]["dataset"]
+    assert given == {"componentInputParameter": "pipelinechannel--dataset"}
+
+
 def test_accelerator_type_is_empty_without_gpus():
-    import components
+    import ctrflow_components as components
 
     assert components.accelerator_type.python_func(num_gpus=0, gpu_type="nvidia.com/gpu") == ""
     assert components.accelerator_type.python_func(num_gpus=4, gpu_type="nvidia.com/gpu") == "nvidia.com/gpu"
@@ -102,9 +111,11 @@ def test_export_gets_evaluate_report(compiled):
 
 
 def test_cli_flags_become_pipeline_parameters():
-    argv = ["pipeline", "run", "--local", "--synth-rows", "1000", "--model", "dcnv2", "--learning-rate", "0.01"]
+    argv = ["pipeline", "run", "--local", "--synth-rows", "1000", "--model", "dcnv2", "--learning-rate", "0.01",
+            "--dataset", "movielens-like"]
     args = build_parser(argv).parse_args(argv)
-    assert parameter_values(args) == {"synth_rows": 1000, "model": "dcnv2", "learning_rate": 0.01}
+    assert parameter_values(args) == {"synth_rows": 1000, "model": "dcnv2", "learning_rate": 0.01,
+                                      "dataset": "movielens-like"}
 
 
 class FakeKfpApi(BaseHTTPRequestHandler):
@@ -184,7 +195,7 @@ def test_vertex_submit_checks_root_and_names_the_missing_extra():
 def test_local_run_console_shows_only_task_progress():
     import io
 
-    from pipelines.local import TaskProgress
+    from ctrflow_pipelines.local import TaskProgress
 
     log, console = io.StringIO(), io.StringIO()
     progress = TaskProgress(log, console)

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
-from serving_fixtures import checkpoint, processed_data
+from tests.fixtures.serving import checkpoint, processed_data
 
 from ctrflow.cli import main
 from ctrflow.loaders.memory import ParquetDataset
@@ -57,7 +57,7 @@ def test_predict_bad_row_names_file_and_line(artifacts, tmp_path):
     lines[3] = b"\t".join(fields)
     bad = tmp_path / "bad.tsv"
     bad.write_bytes(b"\n".join(lines) + b"\n")
-    with pytest.raises(UserError, match=r"bad.tsv: line 4: I4"):
+    with pytest.raises(UserError, match=r"bad.tsv: line 4: .*I4"):
         predict(artifacts["checkpoint"], artifacts["data"], [bad], tmp_path / "s.csv")
     short = tmp_path / "short.tsv"
     short.write_bytes(b"1\t2\t3\n")
@@ -65,3 +65,33 @@ def test_predict_bad_row_names_file_and_line(artifacts, tmp_path):
         predict(artifacts["checkpoint"], artifacts["data"], [short], tmp_path / "s.csv")
     with pytest.raises(UserError, match=r"\.csv or \.parquet"):
         predict(artifacts["checkpoint"], artifacts["data"], [bad], tmp_path / "s.json")
+
+
+def test_predict_reads_the_descriptions_csv_and_matches_the_preprocessed_rows(tmp_path_factory, tmp_path):
+    from tests.fixtures.serving import movielens_data
+
+    raw, data = movielens_data(tmp_path_factory)
+    ckpt = checkpoint(tmp_path_factory, "dlrm", data)
+    valid = ParquetDataset(data, "valid")  # the feature contract of data/schema.json
+    expected = score(load_model(ckpt)[0], valid.dense, valid.sparse)
+    summary = predict(ckpt, data, [raw / "day_1.csv"], tmp_path / "scores.parquet")
+    table = pq.read_table(tmp_path / "scores.parquet")
+    assert summary["rows"] == table.num_rows == 800 and "auc" in summary
+    assert np.abs(table.column("probability").to_numpy() - expected).max() <= 1e-6
+    assert (table.column("label").to_numpy() == valid.labels).all()
+
+    lines = (raw / "day_1.csv").read_text().splitlines()
+    unlabelled = tmp_path / "unlabelled.csv"  # the label column left out, the columns reordered
+    header = lines[0].split(",")
+    order = [header.index(c) for c in ("genres", "price", "movieId", "userId", "age")]
+    unlabelled.write_text("\n".join(",".join(line.split(",")[i] for i in order) for line in lines) + "\n")
+    predict(ckpt, data, [unlabelled], tmp_path / "unlabelled.csv.out.csv")
+    table = pcsv.read_csv(tmp_path / "unlabelled.csv.out.csv")
+    assert table.column_names == ["probability"]
+    assert np.abs(table.column("probability").to_numpy() - expected).max() <= 1e-6
+
+    lines[5] = lines[5].replace(lines[5].split(",")[4], "cheap", 1) if lines[5].split(",")[4] else lines[5] + "x"
+    bad = tmp_path / "bad.csv"
+    bad.write_text("\n".join(lines[:8]) + "\n")
+    with pytest.raises(UserError, match=r"bad.csv: line 6: .*price"):
+        predict(ckpt, data, [bad], tmp_path / "s.csv")

@@ -21,28 +21,7 @@ from ctrflow.datasets.criteo.columns import DENSE, SPARSE
 from ctrflow.preprocess.transform import transform_raw
 from ctrflow.preprocess.vocab import Vocabularies
 from ctrflow.errors import UserError
-
-
-def row(label="0", dense=None, sparse=None) -> str:
-    """One raw line: dense/sparse given as {column: text}, everything else empty."""
-    dense, sparse = dense or {}, sparse or {}
-    return "\t".join([label] + [dense.get(c, "") for c in DENSE] + [sparse.get(c, "") for c in SPARSE])
-
-
-def random_rows(n: int, seed: int) -> list[str]:
-    """Criteo-like rows: skewed 8-hex values, missing fields, negative I2."""
-    rng = np.random.default_rng(seed)
-    lines = []
-    for _ in range(n):
-        dense = {c: str(int(rng.integers(-3, 50))) for c in DENSE if rng.random() > 0.2}
-        sparse = {c: f"{int(rng.zipf(1.5)) % 500 * 2654435761 % 2**32:08x}" for c in SPARSE if rng.random() > 0.1}
-        lines.append(row(str(int(rng.random() < 0.25)), dense, sparse))
-    return lines
-
-
-def write(path, lines) -> str:
-    path.write_text("".join(line + "\n" for line in lines))
-    return str(path)
+from tests.fixtures.preprocess import random_rows, row, write
 
 
 def table(out, split="train"):
@@ -287,3 +266,31 @@ def test_tracker_gets_params_rows_cardinalities_and_artifacts(tmp_path):
     assert tracker.params["freq_threshold"] == 2 and tracker.metrics["rows_train"] == 3
     assert tracker.metrics["cardinality_C1"] == 3 and "fit_seconds" in tracker.metrics
     assert sorted(tracker.artifacts) == ["schema.json", "stats.json"]
+
+
+def test_schema_carries_the_criteo_description_features_and_label_rate(tmp_path):
+    lines = random_rows(400, seed=8)
+    out = tmp_path / "out"
+    preprocess([write(tmp_path / "in.tsv", lines)], out=out, freq_threshold=2, workers=2, valid_fraction=0.25,
+               chunk_rows=90)
+    schema = Schema.load(out)
+    assert schema.dataset["name"] == "criteo" and schema.dataset["dense"] == list(DENSE)
+    assert schema.dataset["freq_threshold"]["default"] == 2 and schema.dataset["dense_type"] == "integer"
+    assert [f.name for f in schema.features.sparse] == list(SPARSE)
+    assert [f.cardinality for f in schema.features.sparse] == [schema.cardinalities[c] for c in SPARSE]
+    train_labels = table(out).column("label").to_numpy()
+    assert schema.label_rate == pytest.approx(train_labels.mean(), abs=1e-9)
+
+
+def test_the_unlabelled_test_layout_as_training_input_is_named(tmp_path, capsys):
+    from ctrflow.cli import main
+
+    test_layout = write(tmp_path / "test.tsv", [line.split("\t", 1)[1] for line in random_rows(30, seed=2)])
+    for extra in ([], ["--on-bad-rows", "skip"]):
+        code = main(["preprocess", "--train", test_layout, "--out", str(tmp_path / "out"), "--tracking-uri", "none",
+                     *extra])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1, err
+        assert "line 1: expected 40 tab-separated fields, found 39" in err and "unlabelled test layout" in err
+        assert not (tmp_path / "out").exists() and not list(tmp_path.glob("out.tmp-*"))
+    assert "every input row was rejected (30 read, 0 written" in err  # skip mode: nothing silently empty

@@ -19,7 +19,7 @@ from ctrflow.datasets.criteo.columns import DENSE, SPARSE
 from ctrflow.preprocess.transform import transform_raw
 from ctrflow.preprocess.vocab import Vocabularies, encode_keys
 from ctrflow.errors import UserError
-from test_preprocess import random_rows, row, write
+from tests.fixtures.preprocess import random_rows, row, write
 
 
 def output_digests(out) -> dict[str, str]:

@@ -17,7 +17,7 @@ def test_mix_is_a_bijection():
 def test_spilled_runs_merge_to_exact_counts(tmp_path):
     rng = np.random.default_rng(1)
     values = np.array([f"{v:08x}" for v in range(3000)] + ["short", "a longer value"])
-    counter = Counter(str(tmp_path), spill_entries=700)
+    counter = Counter(str(tmp_path), ["C1"], spill_entries=700)
     seen = []
     for _ in range(6):  # six blocks, several spills
         block = values[np.minimum(rng.zipf(1.3, 2000) - 1, len(values) - 1)]

@@ -9,8 +9,8 @@ import pytest
 from ctrflow.cli import main
 from ctrflow.preprocess.run import preprocess
 from ctrflow.errors import UserError
-from test_preprocess import random_rows, row, write
-from test_preprocess_fanout import _assert_same_dataset
+from tests.fixtures.preprocess import random_rows, row, write
+from tests.fixtures.preprocess import assert_same_dataset
 
 
 def test_gpu_engine_with_writer_threads_is_identical_to_cpu_workers(tmp_path):
@@ -21,7 +21,7 @@ def test_gpu_engine_with_writer_threads_is_identical_to_cpu_workers(tmp_path):
         outs[engine] = tmp_path / engine
         preprocess([src], out=outs[engine], freq_threshold=2, valid_fraction=0.2, workers=2, chunk_rows=400,
                    engine=engine, device="cpu", seed=3)
-    _assert_same_dataset(outs["gpu"], outs["cpu"])
+    assert_same_dataset(outs["gpu"], outs["cpu"])
 
 
 @pytest.mark.parametrize("engine, message", [("cudf", "use --engine gpu"), ("torch", "must be one of cpu, gpu")])

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
 
-import pyarrow.parquet as pq
 import pytest
 
 from ctrflow.cli import main
 from ctrflow.preprocess.run import preprocess
-from ctrflow.schema import Schema
-from test_preprocess import random_rows, row, write
+from tests.fixtures.preprocess import random_rows, row, write
+from tests.fixtures.preprocess import assert_same_dataset
 
 
 def _fan_out(tmp_path, files, valid_fraction=None, on_bad_rows="error", chunk_rows=150, engine="cpu"):
@@ -36,29 +34,13 @@ def _fan_out(tmp_path, files, valid_fraction=None, on_bad_rows="error", chunk_ro
     return out
 
 
-def _assert_same_dataset(out, reference):
-    for split in ("train", "valid"):
-        names = sorted(p.name for p in (reference / split).glob("part-*.parquet"))
-        assert sorted(p.name for p in (out / split).glob("part-*.parquet")) == names
-        for name in names:  # byte for byte: same rows, ids and values, part by part
-            assert (out / split / name).read_bytes() == (reference / split / name).read_bytes()
-    for name in ("C1", "C7"):
-        assert pq.read_table(out / "vocab" / f"{name}.parquet").equals(
-            pq.read_table(reference / "vocab" / f"{name}.parquet"))
-    mine, theirs = Schema.load(out), Schema.load(reference)
-    assert (mine.vocab_hash, mine.cardinalities, mine.rows) == (theirs.vocab_hash, theirs.cardinalities, theirs.rows)
-    assert [f["digest"] for f in mine.files] == [f["digest"] for f in theirs.files]
-    stats, ref_stats = (json.loads((d / "stats.json").read_text()) for d in (out, reference))
-    assert stats["columns"] == ref_stats["columns"] and stats["rows_read"] == ref_stats["rows_read"]
-
-
 def test_fan_out_per_file_equals_single_process(tmp_path):
     files = [(write(tmp_path / f"day_{i}.tsv", random_rows(700, seed=i)), "train") for i in range(2)]
     files.append((write(tmp_path / "valid.tsv", random_rows(400, seed=9)), "valid"))
     reference = tmp_path / "single"
     preprocess([p for p, s in files if s == "train"], [p for p, s in files if s == "valid"], reference,
                freq_threshold=3, workers=1, chunk_rows=150, seed=7, engine="gpu", device="cpu")
-    _assert_same_dataset(_fan_out(tmp_path, files, engine="gpu"), reference)
+    assert_same_dataset(_fan_out(tmp_path, files, engine="gpu"), reference)
 
 
 def test_fan_out_with_valid_fraction_and_skipped_rows(tmp_path):
@@ -70,7 +52,7 @@ def test_fan_out_with_valid_fraction_and_skipped_rows(tmp_path):
     preprocess([p for p, _ in files], out=reference, freq_threshold=3, valid_fraction=0.25, workers=2,
                chunk_rows=150, seed=7, on_bad_rows="skip")
     out = _fan_out(tmp_path, files, valid_fraction=0.25, on_bad_rows="skip")
-    _assert_same_dataset(out, reference)
+    assert_same_dataset(out, reference)
     assert (out / "rejected.tsv").read_text() == (reference / "rejected.tsv").read_text()
 
 

@@ -64,7 +64,7 @@ def test_deferred_tables_hold_no_memory_and_shard_like_drawn_ones():
 
 
 def test_one_process_sharded_collections_pool_bags_like_every_slot_looked_up_and_pooled():
-    from bag_fixtures import FusedSlotReference, SlotReference, bag_batches, bag_tables
+    from tests.fixtures.bags import FusedSlotReference, SlotReference, bag_batches, bag_tables
 
     from ctrflow.embedding.fused.sharded import FusedShardedEmbeddingCollection
 

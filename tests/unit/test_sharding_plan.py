@@ -12,7 +12,7 @@ from ctrflow.embedding.tables import TableConfig, check_ids, tables_for
 from ctrflow.errors import UserError
 from ctrflow.features import Features
 
-# MLPerf Criteo-1TB DLRM table sizes (40M-capped), as in issue 4
+# MLPerf Criteo-1TB DLRM table sizes (40M-capped)
 MLPERF_ROWS = [39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10, 2208,
                11938, 155, 4, 976, 14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36]
 MLPERF = tables_for(Features.categorical(dict(zip([f"C{i + 1}" for i in range(26)], MLPERF_ROWS))).sparse, 128)

@@ -157,3 +157,112 @@ def test_cli_rejects_bad_arguments(tmp_path, capsys):
     assert main(["synth", "--rows", "10", "--out", str(tmp_path / "file")]) == 2
     err = capsys.readouterr().err
     assert "--rows" in err and "file" in err and "Traceback" not in err
+
+
+# --- the movielens-like dataset ---------------------------------------------------------------
+
+ML_ROWS = 20_000
+
+
+@pytest.fixture(scope="module")
+def movielens(tmp_path_factory):
+    """Two movielens-like days of 20k rows, seed 0, with their report."""
+    import pyarrow.csv as pa_csv
+
+    from ctrflow.datasets.movielens.synth import synthesize as synthesize_movielens
+
+    out = tmp_path_factory.mktemp("movielens")
+    report = synthesize_movielens(out, ML_ROWS, 2, seed=0)
+    strings = pa_csv.ConvertOptions(strings_can_be_null=False, column_types={
+        c: "string" for c in ("userId", "movieId", "genres", "age", "price", "timestamp", "liked")})
+    return out, report, [pa_csv.read_csv(out / f"day_{d}.csv", convert_options=strings).to_pydict()
+                         for d in range(2)]
+
+
+def test_movielens_same_seed_same_bytes_other_seed_other_rows(tmp_path, movielens):
+    from ctrflow.datasets.movielens.synth import synthesize as synthesize_movielens
+
+    out, _, _ = movielens
+    synthesize_movielens(tmp_path / "again", ML_ROWS, 2, seed=0)
+    for name in ("day_0.csv", "day_1.csv", "movielens.yaml", "synth.json"):
+        assert (tmp_path / "again" / name).read_bytes() == (out / name).read_bytes(), name
+    synthesize_movielens(tmp_path / "other", 1000, 1, seed=1)
+    assert (tmp_path / "other/day_0.csv").read_bytes()[:3000] != (out / "day_0.csv").read_bytes()[:3000]
+
+
+def test_movielens_rows_are_the_csv_its_description_describes(movielens):
+    import yaml
+
+    from ctrflow.datasets.movielens import description
+
+    out, _, days = movielens
+    described = yaml.safe_load((out / "movielens.yaml").read_text())
+    assert described == description()
+    with open(out / "day_0.csv") as f:
+        assert f.readline() == "userId,movieId,genres,age,price,timestamp,liked\n"
+    rows = days[0]
+    assert len(rows["liked"]) == ML_ROWS and set(rows["liked"]) == {"0", "1"}
+    named = {described["label"], *described["dense"], *described["categorical"], *described["multi_hot"]}
+    assert set(rows) - named == {"timestamp"}  # the one column the description leaves out
+    genres = described["multi_hot"]["genres"]
+    lists = [g.split(genres["separator"]) for g in rows["genres"] if g]
+    assert max(len(g) for g in lists) == genres["max_length"] and all(len(set(g)) == len(g) for g in lists)
+    assert 0.005 < rows["genres"].count("") / ML_ROWS < 0.05  # some movies list no genre
+    assert 0.04 < rows["price"].count("") / ML_ROWS < 0.06  # 5% of prices unknown
+    prices = np.array([float(p) for p in rows["price"] if p])
+    ages = np.array([int(a) for a in rows["age"]])
+    assert prices.min() >= 0.99 and prices.max() <= 24.99 and 0 <= ages.min() and ages.max() <= 80
+    stamps = np.array([int(t) for t in rows["timestamp"]])
+    assert (np.diff(stamps) >= 0).all() and stamps[-1] - stamps[0] < 86_400
+
+
+def test_movielens_ids_are_popularity_skewed_and_stable_across_days(movielens):
+    _, _, (day0, day1) = movielens
+    users, items = Counter(day0["userId"]), Counter(day0["movieId"])
+    assert 5_000 < len(users) < 15_000 and users.most_common(1)[0][1] > 0.005 * ML_ROWS
+    assert sum(1 for c in users.values() if c == 1) > 0.3 * len(users)  # a long tail of rare users
+    assert items.most_common(1)[0][1] > 0.02 * ML_ROWS
+    top0 = {v for v, _ in items.most_common(50)}
+    top1 = {v for v, _ in Counter(day1["movieId"]).most_common(50)}
+    assert len(top0 & top1) > 40
+    genre_of = {}
+    for day in (day0, day1):  # a movie's genres, age and price are the movie's, not the row's
+        for item, genres, age in zip(day["movieId"], day["genres"], day["age"]):
+            assert genre_of.setdefault(item, (genres, age)) == (genres, age)
+
+
+def test_movielens_teacher_auc_and_like_rate_in_range(movielens):
+    out, report, days = movielens
+    for d, rows in enumerate(days):
+        rate = np.mean([v == "1" for v in rows["liked"]])
+        assert report["ctr"][f"day_{d}"] == pytest.approx(rate, abs=1e-6)
+        assert 0.30 <= rate <= 0.40
+        assert 0.75 <= report["teacher_auc"][f"day_{d}"] <= 0.85
+    saved = json.loads((out / "synth.json").read_text())
+    assert saved["teacher_auc"] == report["teacher_auc"] and saved["description"] == "movielens.yaml"
+    assert saved["dataset"] == "movielens-like"
+
+
+def test_teacher_bags_add_every_value_and_empty_bags_take_the_missing_row():
+    from ctrflow.datasets.teacher import Teacher, fm_table
+
+    rng = np.random.default_rng(1)
+    bag = fm_table(rng.standard_normal(5), rng.standard_normal((5, 4))).astype(np.float32)
+    bag[3] = 0.0  # the row every value past the head takes (head = 3)
+    teacher = Teacher(tables=(), dense_table=np.zeros((0, 6)), dense_mu=np.zeros(0), dense_sd=np.ones(0),
+                      bag_tables=(bag,))
+    ranks = np.array([[0, 2, -1], [2, 0, -1], [-1, -1, -1], [7, -1, -1]])
+    linear, pairwise = teacher.parts(np.zeros((4, 0)), np.zeros((4, 0), np.int64), (ranks,))
+    assert linear[0] == pytest.approx(bag[0, 0] + bag[2, 0]) and linear[0] == linear[1]  # order-free
+    assert linear[2] == pytest.approx(bag[4, 0]) and linear[3] == 0.0  # missing row; a rare value: nothing
+    latent = bag[[0, 2], 1:5]
+    assert pairwise[0] == pytest.approx(float(latent[0] @ latent[1]), rel=1e-5)  # the FM pair of the two
+
+
+def test_cli_synthesizes_movielens_and_refuses_unknown_datasets(tmp_path, capsys):
+    out = tmp_path / "ml"
+    assert main(["synth", "--dataset", "movielens-like", "--rows", "500", "--days", "2", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["day_0.csv", "day_1.csv", "movielens.yaml", "synth.json"]
+    assert "movielens.yaml" in capsys.readouterr().out
+    assert main(["synth", "--dataset", "imdb", "--rows", "10", "--out", str(tmp_path / "x")]) == 2
+    assert "--dataset 'imdb'" in capsys.readouterr().err and not (tmp_path / "x").exists()

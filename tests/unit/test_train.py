@@ -16,7 +16,9 @@ from ctrflow.errors import UserError
 from ctrflow.checkpoint import load_model, resolve_checkpoint
 from ctrflow.train.loop import train
 from ctrflow.features import Features
-from train_fixtures import one_thread, write_processed  # noqa: F401 (autouse fixture)
+from tests.fixtures.training import write_processed
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

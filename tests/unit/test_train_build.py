@@ -25,10 +25,12 @@ from ctrflow.train.build import Fp8Plan, RunPlan, build, plan_run
 from ctrflow.train.distributed import Runtime
 from ctrflow.train.fp8_cross import AbsorbedFp8Linear, Fp8CrossNet
 from ctrflow.train.loop import train
-from train_fixtures import one_thread, write_processed  # noqa: F401 (autouse fixture)
+from tests.fixtures.training import write_processed
 
 FEATURES = Features.categorical([30] * 26, 13)
 CPU, CUDA = Runtime(0, 1, 0, torch.device("cpu")), Runtime(0, 1, 0, torch.device("cuda", 0))
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,9 @@ from ctrflow.loaders.memory import ParquetDataset
 from ctrflow.predict import score, score_logits
 from ctrflow.schema import Schema
 from ctrflow.train.loop import train
-from multihot_fixtures import mixed_features, write_mixed
-from train_fixtures import one_thread  # noqa: F401 (autouse fixture)
+from tests.fixtures.multihot import mixed_features, write_mixed
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

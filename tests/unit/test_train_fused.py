@@ -19,7 +19,9 @@ from ctrflow.checkpoint.tables import read_model_state, read_optimizer_state
 from ctrflow.train.distributed import Runtime
 from ctrflow.train.loop import train
 from ctrflow.features import Features
-from train_fixtures import one_thread, write_processed  # noqa: F401 (autouse fixture)
+from tests.fixtures.training import write_processed
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,10 @@
-"""`ctrflow preprocess`: raw Criteo TSV (plain or gzip, globs) → Parquet + schema + vocabularies.
+"""`ctrflow preprocess`: raw rows (plain or gzip, globs) → Parquet + schema + vocabularies.
 
-`ctrflow preprocess --train ... --out DIR` does everything in one process tree. For many machines the
-same work is split per input file (`ctrflow.preprocess.fanout`): `count` (each file) → `merge` → `transform`
-(each file) → `finalize`, with the same output; the per-file steps run the CPU engine whatever `--engine` says.
+`--dataset criteo` (the default) reads the raw Criteo TSV; `--dataset FILE` a CSV, TSV or Parquet table
+described by a YAML or JSON file (`ctrflow.datasets.description`). `ctrflow preprocess --train ... --out
+DIR` does everything in one process tree. For many machines the same work is split per input file
+(`ctrflow.preprocess.fanout`): `count` (each file; it takes `--dataset`) → `merge` → `transform` (each file)
+→ `finalize`, with the same output; the per-file steps run the CPU engine whatever `--engine` says.
 """
 
 from __future__ import annotations
@@ -24,39 +26,42 @@ ACTIONS = {
 def _engine_flags(parser: argparse.ArgumentParser) -> None:
     # no argparse choices: a retired engine (cudf) gets a one-line error saying what to use instead
     parser.add_argument("--engine", default="cpu", metavar="{cpu,gpu}",
-                        help="cpu (numpy workers); gpu (parse, count and transform on --device, one process; "
-                             "the per-file steps run on the CPU); same output either way")
+                        help="cpu (numpy workers); gpu (--dataset criteo only: parse, count and transform on "
+                             "--device, one process; the per-file steps run on the CPU); same output either way")
     parser.add_argument("--device", default="cuda", help="torch device of --engine gpu (cuda, cuda:1, cpu)")
 
 
-def _file_flags(parser: argparse.ArgumentParser, chunk_rows: int) -> None:
-    parser.add_argument("--input", required=True, metavar="FILE", help="one raw file (plain or gzip)")
+def _file_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--input", required=True, metavar="FILE", help="one raw file (plain or gzip, or Parquet)")
     parser.add_argument("--file-index", "--part-index", dest="file_index", type=int, default=0,
                         help="the file's position in the input order (train files first, then valid)")
     parser.add_argument("--split", default="train", choices=["train", "valid"], help="which split the file feeds")
     parser.add_argument("--valid-fraction", type=float, default=None,
                         help="train files: send this fraction of rows to valid (seeded per row and file index)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the --valid-fraction split")
-    parser.add_argument("--chunk-rows", type=int, default=chunk_rows, help="rows per block (same in every step)")
+    parser.add_argument("--chunk-rows", type=int, default=None,
+                        help="rows per block (same in every step; default as the single run's)")
     parser.add_argument("--on-bad-rows", default="error", choices=["error", "skip"])
     parser.add_argument("--workers", type=int, default=1, help="worker processes for this file")
     _engine_flags(parser)
 
 
 def _configure_actions(parser: argparse.ArgumentParser) -> None:
-    from ctrflow.preprocess.run import COMPRESSIONS, DEFAULT_CHUNK_ROWS, DEFAULT_COMPRESSION
+    from ctrflow.preprocess.run import COMPRESSIONS, DEFAULT_COMPRESSION
 
     actions = parser.add_subparsers(dest="action", metavar="[count|merge|transform|finalize]")
     count = actions.add_parser("count", help=ACTIONS["count"], description=ACTIONS["count"])
-    _file_flags(count, DEFAULT_CHUNK_ROWS)
+    _file_flags(count)
     count.add_argument("--out", required=True, metavar="COUNTS_DIR")
+    _dataset_flag(count, default=None)
     merge = actions.add_parser("merge", help=ACTIONS["merge"], description=ACTIONS["merge"])
     merge.add_argument("--counts", nargs="+", required=True, metavar="COUNTS_DIR")
     merge.add_argument("--out", required=True, metavar="MERGED_DIR")
-    merge.add_argument("--freq-threshold", type=int, default=6)
+    merge.add_argument("--freq-threshold", type=int, default=None,
+                       help="the default threshold (default: the dataset description's; 6 for criteo)")
     merge.add_argument("--workers", type=int, default=1, help="threads merging columns")
     transform = actions.add_parser("transform", help=ACTIONS["transform"], description=ACTIONS["transform"])
-    _file_flags(transform, DEFAULT_CHUNK_ROWS)
+    _file_flags(transform)
     transform.add_argument("--vocab", required=True, metavar="MERGED_DIR", help="the merge step's output")
     transform.add_argument("--out", required=True, metavar="PARTS_DIR")
     transform.add_argument("--compression", default=DEFAULT_COMPRESSION, choices=COMPRESSIONS)
@@ -67,18 +72,27 @@ def _configure_actions(parser: argparse.ArgumentParser) -> None:
     finalize.add_argument("--out", required=True, metavar="DIR")
 
 
+def _dataset_flag(parser: argparse.ArgumentParser, default: str | None = "criteo") -> None:
+    parser.add_argument("--dataset", default=default, metavar="criteo|FILE",
+                        help="the raw Criteo TSV (default), or a YAML/JSON file describing a CSV, TSV or Parquet "
+                             "table: format, label, dense, categorical, multi_hot columns (see docs/datasets.md)")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Flags of the preprocess step (names are a contract: see ARCHITECTURE.md) and its fan-out actions."""
+    """Flags of the preprocess step (names are a contract: the step contract in docs/) and its fan-out actions."""
     from ctrflow.preprocess.run import COMPRESSIONS, DEFAULT_CHUNK_ROWS, DEFAULT_COMPRESSION
 
     # --train/--out are required for the single run; checked in `run` so that the actions parse
     parser.add_argument("--train", nargs="+", default=[], metavar="FILE",
-                        help="training files or glob patterns (40 columns: label, I1..I13, C1..C26)")
+                        help="training files or glob patterns (criteo: 40 columns, label, I1..I13, C1..C26)")
     parser.add_argument("--valid", nargs="+", default=[], metavar="FILE",
                         help="validation files or glob patterns")
     parser.add_argument("--out", default=None, help="output directory (replaced atomically)")
-    parser.add_argument("--freq-threshold", type=int, default=6,
-                        help="a value needs this many occurrences in the training split to get its own id")
+    _dataset_flag(parser)
+    parser.add_argument("--freq-threshold", type=int, default=None,
+                        help="a value needs this many occurrences in the training split to get its own id "
+                             "(default: the dataset description's default; 6 for criteo); per-column "
+                             "thresholds of the description apply beside it")
     parser.add_argument("--valid-fraction", type=float, default=None,
                         help="without --valid: send this fraction of the training rows to valid (seeded, per row)")
     _engine_flags(parser)
@@ -86,8 +100,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--on-bad-rows", default="error", choices=["error", "skip"],
                         help="stop at the first malformed row, or skip it and list it in DIR/rejected.tsv")
     parser.add_argument("--seed", type=int, default=0, help="seed of the --valid-fraction split")
-    parser.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS,
-                        help="about this many rows per block and Parquet part (sets memory per worker)")
+    parser.add_argument("--chunk-rows", type=int, default=None,
+                        help=f"about this many rows per block and Parquet part (sets memory per worker; default: "
+                             f"{DEFAULT_CHUNK_ROWS} for criteo, about 32 MB of text per block of a described table)")
     parser.add_argument("--compression", default=DEFAULT_COMPRESSION, choices=COMPRESSIONS,
                         help="Parquet compression of the parts (none: fastest; snappy/zstd: smaller files)")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -106,7 +121,7 @@ def _run_action(args: argparse.Namespace) -> dict:
         file_index=args.file_index, split=args.split, valid_fraction=args.valid_fraction, seed=args.seed,
         chunk_rows=args.chunk_rows, on_bad_rows=args.on_bad_rows, workers=args.workers)
     if args.action == "count":
-        summary = fanout.count_file(args.input, args.out, **per_file)
+        summary = fanout.count_file(args.input, args.out, dataset=args.dataset or "criteo", **per_file)
         return {"out": args.out, "file_index": args.file_index, **summary["stats"]}
     if args.action == "merge":
         merged = fanout.merge_counts(args.counts, args.out, args.freq_threshold, args.workers)
@@ -132,6 +147,6 @@ def run(args: argparse.Namespace) -> int:
                              valid_fraction=args.valid_fraction, workers=args.workers,
                              on_bad_rows=args.on_bad_rows, engine=args.engine, seed=args.seed,
                              tracker=tracker, chunk_rows=args.chunk_rows, progress=args.progress,
-                             compression=args.compression, device=args.device)
+                             compression=args.compression, device=args.device, dataset=args.dataset)
     print(json.dumps({k: summary[k] for k in ("out", "rows", "rows_read", "rows_rejected", "seconds")}))
     return 0

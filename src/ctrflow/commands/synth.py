@@ -1,31 +1,54 @@
-"""`ctrflow synth`: write synthetic Criteo-format day files labelled by a hidden teacher."""
+"""`ctrflow synth`: write synthetic day files labelled by a hidden teacher.
+
+`--dataset criteo` (the default): raw Criteo TSV (`day_N.tsv`). `--dataset movielens-like`: CSV of
+users, movies, a multi-hot genre list, an age and a price (`day_N.csv`), with its dataset
+description `movielens.yaml` beside it for `ctrflow preprocess --dataset`.
+"""
 
 from __future__ import annotations
 
 import argparse
 
+from ctrflow.errors import UserError
 from ctrflow.tracking import add_tracking_flags, tracker_from_args
+
+DATASETS = ("criteo", "movielens-like")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Flags of `ctrflow synth`."""
+    parser.add_argument("--dataset", default="criteo", metavar="{" + ",".join(DATASETS) + "}",
+                        help="which synthetic dataset (default criteo: raw Criteo TSV; movielens-like: CSV "
+                             "with a genre list, and its dataset description movielens.yaml)")
     parser.add_argument("--rows", type=int, default=200_000, help="rows per day file (default 200000)")
     parser.add_argument("--days", type=int, default=2, help="number of day files (default 2)")
     parser.add_argument("--seed", type=int, default=0, help="same seed, same bytes (default 0)")
-    parser.add_argument("--out", required=True, help="output directory: day_0.tsv ... and synth.json")
-    parser.add_argument("--gzip", action="store_true", help="write day_N.tsv.gz instead of day_N.tsv")
+    parser.add_argument("--out", required=True, help="output directory: day_0.tsv (or .csv) ... and synth.json")
+    parser.add_argument("--gzip", action="store_true", help="write day_N.tsv.gz (.csv.gz) instead")
     add_tracking_flags(parser)
+
+
+def synthesizer(dataset: str):
+    """The `synthesize(out, rows, days, seed, gzip, tracker)` of `dataset`; UserError naming the choices."""
+    if dataset == "criteo":
+        from ctrflow.datasets.criteo.synth import synthesize
+    elif dataset == "movielens-like":
+        from ctrflow.datasets.movielens.synth import synthesize
+    else:
+        raise UserError(f"--dataset {dataset!r}: expected one of {', '.join(DATASETS)}")
+    return synthesize
 
 
 def run(args: argparse.Namespace) -> int:
     """Write the day files, then print one line per day with its rows, click rate and teacher AUC."""
-    from ctrflow.datasets.criteo.synth import synthesize
-
+    synthesize = synthesizer(args.dataset)
     with tracker_from_args(args, "synth") as tracker:
         report = synthesize(args.out, args.rows, args.days, args.seed, gzip=args.gzip, tracker=tracker)
     for entry, day in zip(report["files"], report["teacher_auc"]):
         print(f"{args.out}/{entry['path']}: {entry['rows']} rows, ctr {report['ctr'][day]:.4f}, "
               f"teacher auc {report['teacher_auc'][day]:.4f}")
+    if report.get("description"):
+        print(f"{args.out}/{report['description']}: the dataset description (ctrflow preprocess --dataset)")
     total = args.rows * args.days
     print(f"{total} rows in {report['seconds']:.1f} s ({total / report['seconds']:,.0f} rows/s)")
     return 0

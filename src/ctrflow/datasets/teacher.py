@@ -3,14 +3,17 @@
 The teacher is a random factorization machine over the features a model sees after preprocessing:
 a bias and a latent vector per category value among the `HEAD_RANKS` most popular of its column
 (shrinking with rank), one for a missing value, and a weight and a latent vector per dense feature
-`log1p(max(x, 0))`. Rarer values carry no effect, so what decides a label is learnable from a few
-hundred thousand rows. Its logit is
-quantized to a grid of 1/`GRID` so that the AUC per day is counted exactly from two histograms.
+`log1p(max(x, 0))`. A multi-hot field (a bag of values, e.g. a movie's genres) adds the rows of
+every value in the bag, so the pairwise term also pairs each of them with every other field.
+Rarer values carry no effect, so what decides a label is learnable from a few hundred thousand
+rows. Its logit is quantized to a grid of 1/`GRID` so that the AUC per day is counted exactly from
+two histograms.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Sequence
 
 import numpy as np
 
@@ -34,11 +37,15 @@ class Teacher:
     lin_scale: float = 1.0
     pair_scale: float = 1.0
     offset: float = 0.0
+    bag_tables: tuple[np.ndarray, ...] = ()  # per multi-hot field, laid out as `tables`
 
-    def parts(self, dense: np.ndarray, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def parts(self, dense: np.ndarray, items: np.ndarray,
+              bags: Sequence[np.ndarray] = ()) -> tuple[np.ndarray, np.ndarray]:
         """Linear and pairwise scores, float64 [B] each.
 
-        dense: int64 [B,13] raw counts, missing already 0; items: int64 [B,26] popularity ranks, -1 = missing.
+        dense: [B, n_dense] raw numbers, missing already 0; items: int64 [B, n_tables] popularity
+        ranks, -1 = missing; bags: per `bag_tables` entry, int64 [B, L] ranks, -1 = padding (a bag
+        of padding only is a missing value).
         """
         z = (np.log1p(np.maximum(dense, 0).astype(np.float64)) - self.dense_mu) / self.dense_sd
         total = np.zeros((len(z), self.dense_table.shape[1]))  # [B, 2 + FACTORS], columns as in `tables`
@@ -50,13 +57,19 @@ class Teacher:
         rows = np.where(items < 0, heads + 1, np.minimum(items, heads))  # [B, 26] row in each table
         for col, table in enumerate(self.tables):
             total += table[rows[:, col]]
+        for table, ranks in zip(self.bag_tables, bags):
+            head = len(table) - 2
+            present = ranks >= 0
+            for slot in range(ranks.shape[1]):  # padding takes row `head`, which is all zero
+                total += table[np.where(present[:, slot], np.minimum(ranks[:, slot], head), head)]
+            total[~present.any(axis=1)] += table[head + 1]
         summed = total[:, 1:-1].astype(np.float64)
         pairwise = 0.5 * ((summed * summed).sum(axis=1) - total[:, -1])
         return total[:, 0].astype(np.float64), pairwise
 
-    def codes(self, dense: np.ndarray, items: np.ndarray) -> np.ndarray:
+    def codes(self, dense: np.ndarray, items: np.ndarray, bags: Sequence[np.ndarray] = ()) -> np.ndarray:
         """Quantized logits as int32 codes in [0, CODES): logit = code / GRID - LIMIT."""
-        linear, pairwise = self.parts(dense, items)
+        linear, pairwise = self.parts(dense, items, bags)
         return logit_codes(self.offset + self.lin_scale * linear + self.pair_scale * pairwise)
 
 
@@ -76,17 +89,22 @@ def build_teacher(seed: int, cardinalities: list[int], dense_mu, dense_sd) -> Te
     """Draw a random teacher; effects shrink with a value's popularity rank (rare values matter less)."""
     rng = np.random.default_rng([seed, 0x7EAC4E5])
     col_weight = rng.uniform(0.3, 1.0, size=len(cardinalities))
-    tables = []
-    for weight, card in zip(col_weight, cardinalities):
-        k = min(card, HEAD_RANKS)
-        decay = np.concatenate([(1.0 + np.arange(k) / 16.0) ** -0.5, [0.0, 1.0]])  # rarer values 0, missing 1
-        bias = rng.standard_normal(k + 2) * weight * decay
-        latent = rng.standard_normal((k + 2, FACTORS)) * (0.5 * weight * decay)[:, None]
-        tables.append(fm_table(bias, latent).astype(np.float32))
+    tables = [draw_table(rng, weight, card) for weight, card in zip(col_weight, cardinalities)]
     n_dense = len(dense_mu)
     dense_table = fm_table(rng.standard_normal(n_dense) * 0.6, rng.standard_normal((n_dense, FACTORS)) * 0.4)
     return Teacher(tables=tuple(tables), dense_table=dense_table,
                    dense_mu=np.asarray(dense_mu, dtype=np.float64), dense_sd=np.asarray(dense_sd, dtype=np.float64))
+
+
+def draw_table(rng: np.random.Generator, weight: float, size: int, head: int = HEAD_RANKS) -> np.ndarray:
+    """One field's float32 [k+2, 2 + FACTORS] table over a universe of `size` values ranked by
+    popularity (k = min(size, head)): effects scaled by `weight` and shrinking with rank; row k
+    (every rarer value) is zero, row k+1 is the missing value's."""
+    k = min(size, head)
+    decay = np.concatenate([(1.0 + np.arange(k) / 16.0) ** -0.5, [0.0, 1.0]])  # rarer values 0, missing 1
+    bias = rng.standard_normal(k + 2) * weight * decay
+    latent = rng.standard_normal((k + 2, FACTORS)) * (0.5 * weight * decay)[:, None]
+    return fm_table(bias, latent).astype(np.float32)
 
 
 def fm_table(bias: np.ndarray, latent: np.ndarray) -> np.ndarray:
@@ -104,12 +122,12 @@ def histogram_auc(pos: np.ndarray, neg: np.ndarray) -> float:
 
 
 def calibrate(teacher: Teacher, dense: np.ndarray, items: np.ndarray, target_auc: float,
-              target_ctr: float, pair_share: float = 0.35) -> Teacher:
+              target_ctr: float, pair_share: float = 0.35, bags: Sequence[np.ndarray] = ()) -> Teacher:
     """Scale the teacher so its expected AUC and mean click rate on a sample hit the targets.
 
     `pair_share` is the pairwise term's standard deviation relative to the linear term's.
     """
-    linear, pairwise = teacher.parts(dense, items)
+    linear, pairwise = teacher.parts(dense, items, bags)
     lin_sd, pair_sd = linear.std() or 1.0, pairwise.std() or 1.0
     score = (linear - linear.mean()) / lin_sd + pair_share * (pairwise - pairwise.mean()) / pair_sd
     probs = code_probabilities()

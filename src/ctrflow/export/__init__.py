@@ -1,6 +1,6 @@
 """`ctrflow export`: a checkpoint and its vocabularies -> a validated Triton model repository.
 
-    REPO/NAME/config.pbtxt, 1/                    ensemble: raw fields -> probability
+    REPO/NAME/config.pbtxt, 1/                    ensemble: raw columns -> probability
     REPO/NAME_preprocess/config.pbtxt, 1/model.py, 1/vocab/, 1/schema.json
     REPO/NAME_model/config.pbtxt, 1/model.onnx    (1/model.pt with --backend pytorch,
                                                    1/model.py + 1/checkpoint/ with --backend python)
@@ -40,11 +40,11 @@ def _write_ranking(model, schema, meta, repo: Path, name: str, backend: str) -> 
     if backend == "onnxruntime":
         from ctrflow.export.onnx_model import export_onnx
 
-        export_onnx(model, version / triton.MODEL_FILES[backend])
+        export_onnx(model, schema.features, version / triton.MODEL_FILES[backend])
     elif backend == "pytorch":
         from ctrflow.export.torchscript import export_torchscript
 
-        export_torchscript(model, version / triton.MODEL_FILES[backend])
+        export_torchscript(model, schema.features, version / triton.MODEL_FILES[backend])
     else:
         python_backend.copy_template("ranking", version)
         save_ranking_model(model, schema, meta, version / "checkpoint")
@@ -53,8 +53,10 @@ def _write_ranking(model, schema, meta, repo: Path, name: str, backend: str) -> 
 def write_repository(model, schema, meta, data: str | os.PathLike, repo: Path, name: str, backend: str,
                      max_batch_size: int, instance_kind: str) -> None:
     """Write the three models of ensemble `name` and their configs into `repo`."""
-    configs = [triton.ensemble_config(name, max_batch_size, backend), triton.preprocess_config(name, max_batch_size),
-               triton.ranking_config(name, backend, max_batch_size, instance_kind)]
+    features = schema.features
+    configs = [triton.ensemble_config(name, features, max_batch_size, backend),
+               triton.preprocess_config(name, features, max_batch_size),
+               triton.ranking_config(name, features, backend, max_batch_size, instance_kind)]
     for config in configs:
         triton.write_config(config, repo / config.name)
     (repo / name / triton.VERSION).mkdir(parents=True)  # an ensemble's version directory stays empty
@@ -124,8 +126,8 @@ def export(checkpoint: str | os.PathLike, data: str | os.PathLike, out: str | os
     try:
         write_repository(model, schema, meta, data, staging, name, backend, max_batch_size, instance_kind)
         check_repository(staging, name)
-        validation = {"name": name, **compare_with_trained(staging, name, backend, model, data, validation_rows,
-                                                            batch_size=min(max_batch_size, 1024))}
+        validation = {"name": name, **compare_with_trained(staging, name, backend, model, schema.features, data,
+                                                            validation_rows, batch_size=min(max_batch_size, 1024))}
         (staging / "validation.json").write_text(json.dumps(validation, indent=2) + "\n")
         if not validation["passed"]:
             raise UserError(f"{name}: exported model differs from the trained one by "
@@ -163,6 +165,6 @@ def _track(tracker: Tracker, summary: dict, checkpoint, data, schema, max_batch_
     version = tracker.register_model(
         summary["name"], artifact_path, tags=tags,
         description=f"ctrflow export of {checkpoint}: Triton ensemble {summary['name']} "
-                    f"({summary['backend']}) and a pyfunc scoring raw Criteo rows")
+                    f"({summary['backend']}) and a pyfunc scoring raw rows")
     if version is not None:
         summary["registered_version"] = version

@@ -1,4 +1,5 @@
-"""The ranking model as an ONNX graph: dense [B, 13], sparse [B, 26] -> probability [B, 1]."""
+"""The ranking model as an ONNX graph: dense [B, num_dense], sparse [B, slots] -> probability [B, 1]
+(each input only where the feature contract has such columns: `ctrflow.serve.model_inputs`)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ctrflow.datasets.criteo.columns import DENSE, SPARSE
-from ctrflow.serve.ranking import ProbabilityModel
+from ctrflow.serve import model_inputs
+from ctrflow.serve.ranking import example_inputs, served_module
 
 PROTOBUF_LIMIT = 2**31 - 1  # one ONNX protobuf file cannot exceed 2 GB
 HEADROOM = 64 * 2**20  # graph structure and non-parameter constants beside the weights
@@ -24,12 +25,6 @@ def parameter_bytes(model: nn.Module) -> int:
     """Bytes of all parameters and buffers: decides whether the weights fit in one protobuf."""
     tensors = [*model.parameters(), *model.buffers()]
     return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def example_inputs(rows: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
-    """Valid example inputs for tracing (id 0, "missing", exists in every table); two rows so
-    the batch axis is not specialised to 1."""
-    return torch.zeros(rows, len(DENSE)), torch.zeros(rows, len(SPARSE), dtype=torch.int64)
 
 
 @contextlib.contextmanager
@@ -46,8 +41,9 @@ def _quiet_logs():
             logger.setLevel(level)
 
 
-def export_onnx(model: nn.Module, path: str | os.PathLike) -> list[Path]:
-    """Export `model` (eval mode, CPU) to `path`; returns the files written.
+def export_onnx(model: nn.Module, features, path: str | os.PathLike) -> list[Path]:
+    """Export `model` (eval mode, CPU) of the feature contract `features` to `path`; returns the
+    files written. The graph's inputs are `model_inputs(features)`, its output `probability`.
 
     Weights go into the one file while it stays under ONNX's 2 GB protobuf limit, and into
     external data beside it (`model.onnx.data`, which onnxruntime reads from the same folder)
@@ -57,14 +53,14 @@ def export_onnx(model: nn.Module, path: str | os.PathLike) -> list[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     external = parameter_bytes(model) + HEADROOM > PROTOBUF_LIMIT
     batch = torch.export.Dim("batch")
-    wrapped = ProbabilityModel(model).eval()
+    names = list(model_inputs(features))
+    wrapped = served_module(model, features)
     # the exporter narrates every pass on stdout and warns about optional torchvision ops
     with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), _quiet_logs():
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            wrapped, example_inputs(), str(path), dynamo=True, opset_version=OPSET,
-            input_names=["dense", "sparse"], output_names=["probability"],
-            dynamic_shapes={"dense": {0: batch}, "sparse": {0: batch}},
+            wrapped, example_inputs(features), str(path), dynamo=True, opset_version=OPSET,
+            input_names=names, output_names=["probability"], dynamic_shapes={n: {0: batch} for n in names},
             external_data=external, verbose=False, report=False,
         )
     return sorted(p for p in path.parent.iterdir() if p.name.startswith(path.name))

@@ -1,5 +1,6 @@
 """The ranking model as TorchScript for Triton's PyTorch (libtorch) backend:
-dense [B, 13], sparse [B, 26] -> probability [B, 1] in `model.pt`."""
+dense [B, num_dense], sparse [B, slots] -> probability [B, 1] in `model.pt` (each input only where
+the feature contract has such columns: `ctrflow.serve.model_inputs`)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ctrflow.export.onnx_model import example_inputs
-from ctrflow.serve.ranking import ProbabilityModel
+from ctrflow.serve.ranking import example_inputs, served_module
 
 
 @contextlib.contextmanager
@@ -24,8 +24,9 @@ def _quiet_deprecation():
         yield
 
 
-def export_torchscript(model: nn.Module, path: str | os.PathLike) -> Path:
-    """Trace `model` (eval mode, CPU) wrapped to output probability [B, 1] and save it to `path`.
+def export_torchscript(model: nn.Module, features, path: str | os.PathLike) -> Path:
+    """Trace `model` (eval mode, CPU) of the feature contract `features`, wrapped to output
+    probability [B, 1], and save it to `path`.
 
     Tracing (not scripting): the models' Python (lists of tables, dicts of weights) does not
     script, and their forward has no data-dependent control flow. The trace runs on two rows and
@@ -35,9 +36,9 @@ def export_torchscript(model: nn.Module, path: str | os.PathLike) -> Path:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    wrapped = ProbabilityModel(model).eval()
+    wrapped = served_module(model, features)
     with _quiet_deprecation(), torch.no_grad():
-        traced = torch.jit.trace(wrapped, example_inputs())
+        traced = torch.jit.trace(wrapped, example_inputs(features))
         torch.jit.save(traced, str(path))
     return path
 

@@ -1,10 +1,12 @@
 """Triton model configurations, built with Triton's own protobuf and written as `config.pbtxt`.
 
-The repository holds three models:
-  NAME             ensemble: raw fields I1..I13, C1..C26 (BYTES) -> probability (FP32)
-  NAME_preprocess  python backend: raw fields -> dense [13] FP32, sparse [26] INT64 (saved vocabularies)
+The repository holds three models, shaped by the feature contract in schema.json:
+  NAME             ensemble: one BYTES [1] input per raw column (`serve.raw_inputs`) -> probability (FP32)
+  NAME_preprocess  python backend: raw columns -> dense [num_dense] FP32, sparse [slots] INT64 (saved vocabularies)
   NAME_model       onnxruntime, pytorch (libtorch) or python backend: dense, sparse -> probability [1]
 Every model has a batch dimension (max_batch_size > 0); the two leaf models batch dynamically.
+Triton refuses zero-width tensors: a dataset without dense features has no `dense` tensor at all,
+one without sparse features no `sparse` (`serve.model_inputs`).
 """
 
 from __future__ import annotations
@@ -15,18 +17,16 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
-from ctrflow.datasets.criteo.columns import DENSE, SPARSE
 from ctrflow.errors import UserError
-from ctrflow.serve import RAW_INPUTS
+from ctrflow.features import Features
+from ctrflow.serve import model_inputs, raw_inputs
 
 VERSION = "1"
 QUEUE_DELAY_US = 100  # wait at most 0.1 ms for more requests to join a batch
 BACKENDS = ("onnxruntime", "pytorch", "python")
 PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "pytorch": "pytorch_libtorch"}
 MODEL_FILES = {"onnxruntime": "model.onnx", "pytorch": "model.pt"}  # in NAME_model/1/
-# TorchScript keeps no tensor names: the libtorch backend binds `<name>__<index>` to the index-th
-# argument of forward (dense, sparse) and the index-th output; every Triton release reads them
-TORCH_NAMES = {"dense": "dense__0", "sparse": "sparse__1", "probability": "probability__0"}
+DTYPES = {"dense": pb.TYPE_FP32, "sparse": pb.TYPE_INT64}
 INSTANCE_KINDS = {"cpu": pb.ModelInstanceGroup.KIND_CPU, "gpu": pb.ModelInstanceGroup.KIND_GPU}
 
 
@@ -40,26 +40,35 @@ def ranking_name(name: str) -> str:
     return f"{name}_model"
 
 
-def ranking_tensor(backend: str, tensor: str) -> str:
-    """The ranking model's own name for `tensor` ("dense", "sparse" or "probability") under `backend`."""
-    return TORCH_NAMES[tensor] if backend == "pytorch" else tensor
+def ranking_tensor(backend: str, tensor: str, features: Features) -> str:
+    """The ranking model's own name for `tensor` ("dense", "sparse" or "probability") under `backend`.
+
+    TorchScript keeps no tensor names: the libtorch backend binds `<name>__<index>` to the index-th
+    argument of forward (`model_inputs(features)`, in order) and the index-th output; every Triton
+    release reads them.
+    """
+    if backend != "pytorch":
+        return tensor
+    index = 0 if tensor == "probability" else model_inputs(features).index(tensor)
+    return f"{tensor}__{index}"
 
 
 def _tensor(kind, name: str, data_type: int, dims: list[int]):
     return kind(name=name, data_type=data_type, dims=dims)
 
 
-def _raw_inputs() -> list[pb.ModelInput]:
-    return [_tensor(pb.ModelInput, col, pb.TYPE_STRING, [1]) for col in RAW_INPUTS]
+def _raw_inputs(features: Features) -> list[pb.ModelInput]:
+    return [_tensor(pb.ModelInput, col, pb.TYPE_STRING, [1]) for col in raw_inputs(features)]
 
 
-def _features(kind, backend: str = "python") -> list:
-    return [_tensor(kind, ranking_tensor(backend, "dense"), pb.TYPE_FP32, [len(DENSE)]),
-            _tensor(kind, ranking_tensor(backend, "sparse"), pb.TYPE_INT64, [len(SPARSE)])]
+def _features(kind, features: Features, backend: str = "python") -> list:
+    widths = {"dense": features.num_dense, "sparse": features.slots}
+    return [_tensor(kind, ranking_tensor(backend, name, features), DTYPES[name], [widths[name]])
+            for name in model_inputs(features)]
 
 
-def _probability(backend: str = "python") -> pb.ModelOutput:
-    return _tensor(pb.ModelOutput, ranking_tensor(backend, "probability"), pb.TYPE_FP32, [1])
+def _probability(features: Features, backend: str = "python") -> pb.ModelOutput:
+    return _tensor(pb.ModelOutput, ranking_tensor(backend, "probability", features), pb.TYPE_FP32, [1])
 
 
 def _batching(config: pb.ModelConfig, instance_kind: str, count: int = 1) -> pb.ModelConfig:
@@ -68,31 +77,32 @@ def _batching(config: pb.ModelConfig, instance_kind: str, count: int = 1) -> pb.
     return config
 
 
-def ensemble_config(name: str, max_batch_size: int, backend: str = "onnxruntime") -> pb.ModelConfig:
+def ensemble_config(name: str, features: Features, max_batch_size: int, backend: str = "onnxruntime") -> pb.ModelConfig:
     """The ensemble the clients call: preprocess -> model, raw strings in, probability out; the
     ranking step maps the ensemble's tensors onto `backend`'s names for them."""
     config = pb.ModelConfig(name=name, platform="ensemble", max_batch_size=max_batch_size,
-                            input=_raw_inputs(), output=[_probability()])
+                            input=_raw_inputs(features), output=[_probability(features)])
     pre = config.ensemble_scheduling.step.add(model_name=preprocess_name(name), model_version=-1)
-    for col in RAW_INPUTS:
+    for col in raw_inputs(features):
         pre.input_map[col] = col
-    pre.output_map["dense"] = "dense"
-    pre.output_map["sparse"] = "sparse"
+    for tensor in model_inputs(features):
+        pre.output_map[tensor] = tensor
     rank = config.ensemble_scheduling.step.add(model_name=ranking_name(name), model_version=-1)
-    for tensor in ("dense", "sparse"):
-        rank.input_map[ranking_tensor(backend, tensor)] = tensor
-    rank.output_map[ranking_tensor(backend, "probability")] = "probability"
+    for tensor in model_inputs(features):
+        rank.input_map[ranking_tensor(backend, tensor, features)] = tensor
+    rank.output_map[ranking_tensor(backend, "probability", features)] = "probability"
     return config
 
 
-def preprocess_config(name: str, max_batch_size: int) -> pb.ModelConfig:
-    """The python-backend model mapping raw fields to model inputs; string work runs on CPU."""
+def preprocess_config(name: str, features: Features, max_batch_size: int) -> pb.ModelConfig:
+    """The python-backend model mapping raw columns to model inputs; string work runs on CPU."""
     config = pb.ModelConfig(name=preprocess_name(name), backend="python", max_batch_size=max_batch_size,
-                            input=_raw_inputs(), output=_features(pb.ModelOutput))
+                            input=_raw_inputs(features), output=_features(pb.ModelOutput, features))
     return _batching(config, "cpu")
 
 
-def ranking_config(name: str, backend: str, max_batch_size: int, instance_kind: str) -> pb.ModelConfig:
+def ranking_config(name: str, features: Features, backend: str, max_batch_size: int,
+                   instance_kind: str) -> pb.ModelConfig:
     """The ranking model: an ONNX graph on onnxruntime, TorchScript on libtorch, or the checkpoint
     on the python backend."""
     if backend not in BACKENDS:
@@ -100,7 +110,8 @@ def ranking_config(name: str, backend: str, max_batch_size: int, instance_kind: 
     if instance_kind not in INSTANCE_KINDS:
         raise UserError(f"--instance-kind {instance_kind}: expected one of {', '.join(INSTANCE_KINDS)}")
     config = pb.ModelConfig(name=ranking_name(name), backend=backend, max_batch_size=max_batch_size,
-                            input=_features(pb.ModelInput, backend), output=[_probability(backend)])
+                            input=_features(pb.ModelInput, features, backend),
+                            output=[_probability(features, backend)])
     if backend in PLATFORMS:
         config.platform = PLATFORMS[backend]
         config.default_model_filename = MODEL_FILES[backend]

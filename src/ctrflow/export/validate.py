@@ -61,7 +61,8 @@ def _check_files(repo: Path, name: str, configs: dict) -> None:
 
 
 def held_out_rows(data: str | os.PathLike, rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """The first `rows` rows of the validation split, topped up from the training split."""
+    """The first `rows` rows of the validation split, topped up from the training split, as the
+    feature contract of `data/schema.json` lays them out (dense [n, num_dense], sparse [n, slots])."""
     from ctrflow.evaluate.split import iter_split
 
     data = Path(data)
@@ -78,17 +79,21 @@ def held_out_rows(data: str | os.PathLike, rows: int) -> tuple[np.ndarray, np.nd
     return np.concatenate(dense)[:rows], np.concatenate(sparse)[:rows]
 
 
-def exported_probabilities(repo: Path, name: str, backend: str, dense: np.ndarray, sparse: np.ndarray,
+def exported_probabilities(repo: Path, name: str, backend: str, features, dense: np.ndarray, sparse: np.ndarray,
                            batch_size: int) -> np.ndarray:
     """probability [N] of the exported ranking model, through the code that serves it."""
+    from ctrflow.serve import model_inputs
+
     version = repo / ranking_name(name) / VERSION
+    inputs = model_inputs(features)
     if backend == "onnxruntime":
         import onnxruntime as ort
 
         session = ort.InferenceSession(str(version / MODEL_FILES[backend]), providers=["CPUExecutionProvider"])
 
         def run(d: np.ndarray, s: np.ndarray) -> np.ndarray:
-            return session.run(["probability"], {"dense": d, "sparse": s})[0]
+            given = {"dense": d, "sparse": s}
+            return session.run(["probability"], {k: given[k] for k in inputs})[0]
     elif backend == "pytorch":
         import torch
 
@@ -97,8 +102,9 @@ def exported_probabilities(repo: Path, name: str, backend: str, dense: np.ndarra
         module = load_torchscript(version / MODEL_FILES[backend])
 
         def run(d: np.ndarray, s: np.ndarray) -> np.ndarray:
+            given = {"dense": d, "sparse": s}
             with torch.inference_mode():
-                return module(torch.from_numpy(d), torch.from_numpy(s)).numpy()
+                return module(*[torch.from_numpy(given[k]) for k in inputs]).numpy()
     else:
         from ctrflow.serve.ranking import load_ranking_model, probabilities
 
@@ -110,14 +116,14 @@ def exported_probabilities(repo: Path, name: str, backend: str, dense: np.ndarra
     return np.concatenate(parts).reshape(-1)
 
 
-def compare_with_trained(repo: str | os.PathLike, name: str, backend: str, model, data: str | os.PathLike,
-                         rows: int = 4096, batch_size: int = 1024) -> dict:
+def compare_with_trained(repo: str | os.PathLike, name: str, backend: str, model, features,
+                         data: str | os.PathLike, rows: int = 4096, batch_size: int = 1024) -> dict:
     """`{"max_abs_diff", "rows", ...}` between the exported and the trained model on held-out rows."""
     from ctrflow.predict import score
 
     dense, sparse = held_out_rows(data, rows)
     expected = score(model, dense, sparse)
-    got = exported_probabilities(Path(repo), name, backend, dense, sparse, batch_size)
+    got = exported_probabilities(Path(repo), name, backend, features, dense, sparse, batch_size)
     diff = float(np.abs(got.astype(np.float64) - expected).max()) if len(expected) else 0.0
     return {"max_abs_diff": diff, "rows": int(len(expected)), "tolerance": TOLERANCE,
             "passed": diff <= TOLERANCE, "backend": backend, "batch_size": batch_size}

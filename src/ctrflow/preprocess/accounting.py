@@ -3,19 +3,24 @@
 Blocks come back in input order, so block-relative line numbers become file line numbers here,
 bad rows stop the run (one line: file, line, problem) or go to `rejected.tsv`; at the end the
 totals, per-column missing rates and cardinalities and the time of each pass go to `stats.json`.
+A block's result may count rows and lines apart (`rows_read`, `blank_lines`: a quoted field may
+hold newlines, blank lines hold no row); Parquet inputs number rows, not lines (`unit`).
+A multi-hot list longer than its `max_length` keeps its first `max_length` values; such rows are
+counted per feature (`columns.<feature>.truncated_rows`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Mapping, Sequence
 
 import numpy as np
 
-from ctrflow.preprocess.files import truncation_message
-from ctrflow.schema import FIRST_ID, Schema
-from ctrflow.datasets.criteo.columns import DENSE, SPARSE
-from ctrflow.preprocess.vocab import vocab_hash
 from ctrflow.errors import UserError
+from ctrflow.features import FIRST_ID
+from ctrflow.preprocess.files import truncation_message
+from ctrflow.preprocess.vocab import vocab_hash
+from ctrflow.schema import Schema
 
 
 def file_stats(path: Path, split: str) -> dict:
@@ -28,7 +33,8 @@ def account_block(result: dict, files, per_file: list[dict], rejected, warnings:
     """Turn block-relative lines into file lines (blocks arrive in order); stop or log bad rows."""
     index = result["file"]
     path, stats = files[index][0], per_file[index]
-    base = stats["rows_read"]
+    base = stats.get("_lines", 0)  # lines before the block (= rows read, where a row is a line)
+    unit = result.get("unit", "line")
     if result["truncated"]:
         tail = result["tail"]
         if rejected is None:
@@ -38,34 +44,59 @@ def account_block(result: dict, files, per_file: list[dict], rejected, warnings:
         else:
             warnings.append(truncation_message(path, base, tail))
     for line, reason, raw in result["problems"]:
+        message = f"{path}: {unit} {base + line + 1}: {reason}"
         if rejected is None:
-            raise UserError(f"{path}: line {base + line + 1}: {reason}")
-        text = raw.decode("utf-8", "replace").rstrip("\r")
+            raise UserError(message)
+        stats.setdefault("_first_problem", message)
+        text = raw.decode("utf-8", "replace").rstrip("\r").replace("\r", "\\r").replace("\n", "\\n")
         rejected.write(f"{path}\t{base + line + 1}\t{reason}\t{text}\n")
-    stats["rows_read"] += result["lines"]
+    stats["_lines"] = base + result["lines"]
+    stats["rows_read"] += result.get("rows_read", result["lines"])
     stats["rows_written"] += result["rows"]["train"] + result["rows"]["valid"]
     stats["rows_rejected"] += len(result["problems"])
+    if "blank_lines" in result:
+        stats["blank_lines"] = stats.get("blank_lines", 0) + result["blank_lines"]
+
+
+def check_rows_written(per_file: list[dict]) -> None:
+    """A one-line UserError when rows were read but none written (every row bad and skipped): an empty
+    dataset would look complete. Names the first rejected row."""
+    read = sum(f["rows_read"] for f in per_file)
+    if read and not sum(f["rows_written"] for f in per_file):
+        first = next((f["_first_problem"] for f in per_file if f.get("_first_problem")), "")
+        raise UserError(f"every input row was rejected ({read} read, 0 written; the first: {first}); "
+                        "nothing was written")
 
 
 def collect_stats(records, per_file, distinct: dict[str, int], tables, rows, warnings, passes, workers,
-                  chunk_rows) -> dict:
-    """stats.json's content (plus the cardinalities and vocab hash that go to schema.json)."""
+                  chunk_rows, dense: Sequence[str], sparse: Sequence[str],
+                  max_lengths: Mapping[str, int] | None = None) -> dict:
+    """stats.json's content (plus the cardinalities, vocab hash and training label sum that go to
+    schema.json). `dense`, `sparse`: the feature columns in the records' `missing` order; `max_lengths`:
+    the multi-hot features' (their rows cut to it are counted)."""
     written = rows["train"] + rows["valid"]
-    missing = sum((r["missing"] for r in records), np.zeros(len(DENSE) + len(SPARSE), dtype=np.int64))
-    columns = {name: {"missing_rate": round(float(missing[j]) / max(1, written), 6)} for j, name in enumerate(DENSE)}
-    for j, name in enumerate(SPARSE):
-        columns[name] = {"missing_rate": round(float(missing[len(DENSE) + j]) / max(1, written), 6),
+    width = len(dense) + len(sparse)
+    missing = sum((r["missing"] for r in records), np.zeros(width, dtype=np.int64))
+    truncated = sum((np.asarray(r["cut_lists"]) for r in records if "cut_lists" in r),
+                    np.zeros(len(sparse), dtype=np.int64))
+    columns = {name: {"missing_rate": round(float(missing[j]) / max(1, written), 6)} for j, name in enumerate(dense)}
+    for j, name in enumerate(sparse):
+        columns[name] = {"missing_rate": round(float(missing[len(dense) + j]) / max(1, written), 6),
                          "cardinality": len(tables[name]) + FIRST_ID, "distinct_train": distinct[name]}
+        if max_lengths and name in max_lengths:
+            columns[name].update(max_length=max_lengths[name], truncated_rows=int(truncated[j]))
     total = sum(passes.values())
+    files = [{k: v for k, v in f.items() if not k.startswith("_")} for f in per_file]
     return {
         "rows_read": sum(f["rows_read"] for f in per_file),
         "rows_written": sum(f["rows_written"] for f in per_file),
         "rows_rejected": sum(f["rows_rejected"] for f in per_file),
-        "rows": rows, "files": per_file, "columns": columns, "passes": passes,
+        "rows": rows, "files": files, "columns": columns, "passes": passes,
         "rows_per_second": round(sum(f["rows_read"] for f in per_file) / total, 1) if total else None,
         "workers": workers, "chunk_rows": chunk_rows, "warnings": warnings,
-        "cardinalities": {name: len(tables[name]) + FIRST_ID for name in SPARSE},
-        "vocab_hash": vocab_hash({name: tables[name].column("value") for name in SPARSE}),
+        "cardinalities": {name: len(tables[name]) + FIRST_ID for name in sparse},
+        "vocab_hash": vocab_hash({name: tables[name].column("value") for name in sparse}),
+        "label_sum": sum(int(r.get("label_sum", 0)) for r in records),
     }
 
 

@@ -16,39 +16,20 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ctrflow.preprocess.engines import CpuEngine
-from ctrflow.datasets.criteo.columns import SPARSE
+from ctrflow.preprocess.hashing import mix, unmix
 from ctrflow.preprocess.vocab import keys_to_strings
 
 SPILL_ENTRIES = 1 << 20  # (value, count) pairs a worker holds before writing a run (16 MB)
 RANGE_ENTRIES = 1 << 20  # pairs of one column merged at once at the end
-_M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # splitmix64: a bijection that spreads keys evenly
-_INV1, _INV2 = pow(_M1, -1, 1 << 64), pow(_M2, -1, 1 << 64)
 _CPU = CpuEngine()
 _RUN_SCHEMA = pa.schema([("h", pa.uint64()), ("count", pa.int64())])
-
-
-def mix(keys: np.ndarray) -> np.ndarray:
-    """uint64 keys → evenly spread uint64 (invertible: `unmix`)."""
-    with np.errstate(over="ignore"):
-        x = keys.astype(np.uint64)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(_M1)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(_M2)
-        return x ^ (x >> np.uint64(31))
-
-
-def unmix(x: np.ndarray) -> np.ndarray:
-    """The inverse of `mix`."""
-    with np.errstate(over="ignore"):
-        x = x.astype(np.uint64)
-        x = (x ^ (x >> np.uint64(31)) ^ (x >> np.uint64(62))) * np.uint64(_INV2)
-        x = (x ^ (x >> np.uint64(27)) ^ (x >> np.uint64(54))) * np.uint64(_INV1)
-        return x ^ (x >> np.uint64(30)) ^ (x >> np.uint64(60))
 
 
 def sum_sorted(keys: np.ndarray, counts: np.ndarray, runs: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -121,9 +102,9 @@ class ValueCounts:
 class Counter:
     """A worker's counts of every categorical column, spilled to sorted run files when large."""
 
-    def __init__(self, run_dir: str, spill_entries: int = SPILL_ENTRIES):
+    def __init__(self, run_dir: str, columns: Sequence[str], spill_entries: int = SPILL_ENTRIES):
         self.run_dir, self.spill_entries = run_dir, spill_entries
-        self.columns = {name: ValueCounts() for name in SPARSE}
+        self.columns = {name: ValueCounts() for name in columns}
         self.runs: list[str] = []
 
     def add(self, name: str, keys: np.ndarray, other: pa.Array | None = None) -> None:
@@ -143,8 +124,8 @@ class Counter:
         """Write every column's key counts as one run file: one record batch per column, sorted."""
         path = os.path.join(self.run_dir, f"run-{os.getpid()}-{len(self.runs):05d}.arrow")
         with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, _RUN_SCHEMA) as writer:
-            for name in SPARSE:
-                h, counts = self.columns[name].take_keys()
+            for column in self.columns.values():
+                h, counts = column.take_keys()
                 writer.write_batch(pa.record_batch([pa.array(h), pa.array(counts)], schema=_RUN_SCHEMA))
         self.runs.append(path)
 
@@ -205,7 +186,7 @@ class MergeStage:
     (`parallel.Stage`): the columns merge in parallel processes, not threads holding one GIL."""
 
     runs: list[str]
-    threshold: int
+    thresholds: Sequence[int]  # per column
     range_entries: int = RANGE_ENTRIES
 
     def start(self) -> None:
@@ -214,7 +195,7 @@ class MergeStage:
     def handle(self, task: tuple[int, list]) -> tuple[pa.Table, int]:
         """(vocabulary table, distinct values) of one column."""
         column, others = task
-        return merge_vocabulary(self.runs, others, column, self.threshold, self.range_entries)
+        return merge_vocabulary(self.runs, others, column, self.thresholds[column], self.range_entries)
 
     def finish(self) -> None:
         """Nothing to hand back."""

@@ -27,7 +27,7 @@ _LOG1P_TABLE = np.log1p(np.arange(LOG1P_TABLE_SIZE, dtype=np.float64)).astype(np
 
 
 def dense_inputs(columns: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
-    """13 int64 columns (null = missing) → int64 [13, n] (column-major), missing → 0."""
+    """int64 columns (null = missing) → int64 [columns, n] (column-major), missing → 0."""
     n = len(columns[0]) if columns else 0
     out = np.empty((len(columns), n), dtype=np.int64)
     for j, column in enumerate(columns):

@@ -10,7 +10,9 @@ transform → finalize, giving exactly what one `preprocess` call gives.
   published atomically.
 A file is named by its index in the input order (`file_index`: train files first, then valid): it
 seeds the `--valid-fraction` coin and orders the parts, as in the single-process run. The per-file
-steps run the CPU engine's passes (`passes`), whatever engine the single-process run would use.
+steps run the CPU engine's passes, whatever engine the single-process run would use. Only `count`
+is told the dataset (`--dataset criteo|FILE`); its description travels on in counts.json and
+merge.json, so the later steps read the files as `count` did.
 """
 
 from __future__ import annotations
@@ -26,16 +28,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ctrflow.datasets.catalog import dataset_from_dict, open_dataset
+from ctrflow.errors import UserError
 from ctrflow.preprocess.accounting import collect_stats, file_stats
 from ctrflow.preprocess.counting import SPILL_ENTRIES
 from ctrflow.preprocess.files import expand_inputs
 from ctrflow.preprocess.output import check_out_dir, file_digest, publish
-from ctrflow.datasets.criteo.passes import FitStage
-from ctrflow.preprocess.run import (DEFAULT_CHUNK_ROWS, DEFAULT_COMPRESSION, RANGE_ENTRIES, build_vocabulary,
-                                     fit_pass, transform_pass, write_metadata)
-from ctrflow.datasets.criteo.columns import SPARSE
+from ctrflow.preprocess.run import (DEFAULT_COMPRESSION, RANGE_ENTRIES, RECORD_KEYS, build_vocabulary, fit_pass,
+                                    transform_pass, write_metadata)
 from ctrflow.preprocess.vocab import write_vocab
-from ctrflow.errors import UserError
 
 COUNTS, OTHER, MERGE, PARTS = "counts.json", "other.arrow", "merge.json", "parts.json"
 _SPLITS = ("train", "valid")
@@ -56,39 +57,57 @@ def _split_kind(split: str, valid_fraction: float | None) -> str:
     return "split" if valid_fraction else split
 
 
-def _fit_file(path: Path, kind: str, index: int, work: Path, count: bool, **options):
+def _fit_file(data, path: Path, kind: str, index: int, work: Path, count: bool, **options):
     """The single-process fit pass on one file: (records, per-file stats, warnings, worker finals)."""
-    fit = FitStage({index: str(path)}, {index: kind}, str(work / "cache") if not count else "",
-                   options["valid_fraction"] or 0.0, options["seed"], stop_at_bad_row=options["on_bad_rows"] == "error",
-                   run_dir=str(work / "runs"), spill_entries=options.get("spill_entries", SPILL_ENTRIES),
-                   count=count)
+    fit = data.fit_stage({index: str(path)}, {index: kind}, str(work / "cache") if not count else "",
+                         options["valid_fraction"] or 0.0, options["seed"],
+                         stop_at_bad_row=options["on_bad_rows"] == "error", run_dir=str(work / "runs"),
+                         spill_entries=options.get("spill_entries", SPILL_ENTRIES), count=count)
     per_file, warnings = {index: file_stats(path, kind)}, []
-    records, finals = fit_pass(fit, [(index, (path, kind))], work, options["workers"], options["chunk_rows"],
-                               False, per_file, warnings)
-    return records, per_file[index], warnings, finals
+    try:
+        records, finals = fit_pass(data, fit, [(index, (path, kind))], work, options["workers"],
+                                   options["chunk_rows"], False, per_file, warnings)
+    finally:
+        shutil.rmtree(work / "runs" / "inputs", ignore_errors=True)  # decompressed copies of gzip tables
+    stats = {k: v for k, v in per_file[index].items() if not k.startswith("_")}
+    return records, stats, warnings, finals
+
+
+def _dataset_kind(data) -> str:
+    return "criteo" if "gpu" in data.engines else "table"
 
 
 def count_file(input: str | os.PathLike, out: str | os.PathLike, file_index: int = 0, split: str = "train",
-               valid_fraction: float | None = None, seed: int = 0, chunk_rows: int = DEFAULT_CHUNK_ROWS,
-               on_bad_rows: str = "error", workers: int = 1, spill_entries: int = SPILL_ENTRIES) -> dict:
-    """Count one training (or validation) file's values into `out`; returns its accounting."""
+               valid_fraction: float | None = None, seed: int = 0, chunk_rows: int | None = None,
+               on_bad_rows: str = "error", workers: int = 1, spill_entries: int = SPILL_ENTRIES,
+               dataset="criteo") -> dict:
+    """Count one training (or validation) file's values into `out`; returns its accounting. `dataset`:
+    "criteo" or a description file (recorded in `out/counts.json` for the later steps)."""
+    data = open_dataset(dataset)
     path, kind, out = _one_file(input), _split_kind(split, valid_fraction), Path(out)
+    data.check_inputs([path])
     (out / "runs").mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    records, stats, warnings, finals = _fit_file(path, kind, file_index, out, True, valid_fraction=valid_fraction,
-                                                 seed=seed, on_bad_rows=on_bad_rows, workers=workers,
-                                                 chunk_rows=chunk_rows, spill_entries=spill_entries)
+    chunk_rows = data.chunk_rows(chunk_rows)
+    records, stats, warnings, finals = _fit_file(data, path, kind, file_index, out, True,
+                                                 valid_fraction=valid_fraction, seed=seed, on_bad_rows=on_bad_rows,
+                                                 workers=workers, chunk_rows=chunk_rows, spill_entries=spill_entries)
     runs = []
     for i, run in enumerate(r for final in finals for r in final["runs"]):
         runs.append(f"runs/run-{i:05d}.arrow")
         os.replace(run, out / runs[-1])
     _write_other(out / OTHER, finals)
-    summary = {"file_index": file_index, "path": str(path.resolve()), "split": kind, "digest": file_digest(path, workers),
-               "stats": stats, "warnings": warnings, "runs": runs, "chunk_rows": chunk_rows,
-               "records": [{"cache": r["cache"], "rows": r["rows"], "missing": r["missing"].tolist()} for r in records],
-               "seconds": round(time.perf_counter() - started, 3)}
+    summary = {"file_index": file_index, "path": str(path.resolve()), "split": kind,
+               "digest": file_digest(path, workers), "stats": stats, "warnings": warnings, "runs": runs,
+               "chunk_rows": chunk_rows,
+               "dataset": data.description.to_dict(), "dataset_kind": _dataset_kind(data),
+               "records": [_record_json(r) for r in records], "seconds": round(time.perf_counter() - started, 3)}
     (out / COUNTS).write_text(json.dumps(summary) + "\n")
     return summary
+
+
+def _record_json(record: dict) -> dict:
+    return {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in record.items() if k in RECORD_KEYS}
 
 
 def _write_other(path: Path, finals: list[dict]) -> None:
@@ -114,25 +133,29 @@ def _read_counts(count_dirs) -> list[tuple[Path, dict]]:
     indexes = [c["file_index"] for _, c in found]
     if len(set(indexes)) != len(indexes):
         raise UserError(f"two count directories have the same --file-index ({sorted(indexes)})")
+    described = {json.dumps(c.get("dataset"), sort_keys=True) for _, c in found}
+    if len(described) > 1:
+        raise UserError("the count directories were made with different --dataset descriptions")
     return found
 
 
-def merge_counts(count_dirs, out: str | os.PathLike, freq_threshold: int = 6, workers: int = 1,
+def merge_counts(count_dirs, out: str | os.PathLike, freq_threshold: int | None = None, workers: int = 1,
                  range_entries: int = RANGE_ENTRIES) -> dict:
-    """Merge every file's counts into the vocabularies (`out/vocab/`) and the part numbering (`out/merge.json`)."""
-    if freq_threshold < 1:
-        raise UserError(f"--freq-threshold must be at least 1, got {freq_threshold}")
+    """Merge every file's counts into the vocabularies (`out/vocab/`) and the part numbering (`out/merge.json`).
+    `freq_threshold`: the default threshold (None: the description's)."""
     found, out = _read_counts(count_dirs), Path(out)
+    data = _dataset_of(found[0][1], freq_threshold)
     started = time.perf_counter()
     finals = []
+    names = data.description.sparse
     for directory, counts in found:
         other = pq.read_table(directory / OTHER)
         by_column = {}
-        for name in SPARSE:
+        for name in names:
             rows = other.filter(pc.equal(other.column("column"), name))
             by_column[name] = (rows.column("value").combine_chunks(), rows.column("count").combine_chunks())
         finals.append({"runs": [str(directory / run) for run in counts["runs"]], "other": by_column})
-    tables, distinct = build_vocabulary(finals, freq_threshold, workers, range_entries, remove=False)
+    tables, distinct = build_vocabulary(data, finals, workers, range_entries, remove=False)
     out.mkdir(parents=True, exist_ok=True)
     write_vocab(out, tables)
     first_parts, next_part = {}, {split: 0 for split in _SPLITS}
@@ -142,11 +165,19 @@ def merge_counts(count_dirs, out: str | os.PathLike, freq_threshold: int = 6, wo
             for split in _SPLITS:
                 next_part[split] += bool(record["cache"] is not None and record["rows"][split])
     blocks = {str(c["file_index"]): _block_rows(c["records"]) for _, c in found}
-    merged = {"freq_threshold": freq_threshold, "distinct": distinct, "first_parts": first_parts,
-              "blocks": blocks, "parts": next_part, "files": [c["file_index"] for _, c in found],
-              "seconds": round(time.perf_counter() - started, 3)}
+    merged = {"freq_threshold": data.description.default_threshold, "distinct": distinct,
+              "first_parts": first_parts, "blocks": blocks, "parts": next_part,
+              "files": [c["file_index"] for _, c in found], "dataset": data.description.to_dict(),
+              "dataset_kind": _dataset_kind(data), "seconds": round(time.perf_counter() - started, 3)}
     (out / MERGE).write_text(json.dumps(merged, indent=2) + "\n")
     return merged
+
+
+def _dataset_of(saved: dict, freq_threshold: int | None = None):
+    """The dataset a count or merge step recorded (counts before `--dataset` existed: Criteo)."""
+    if "dataset" not in saved:
+        return open_dataset("criteo", freq_threshold)
+    return dataset_from_dict(saved["dataset"], saved.get("dataset_kind", "table"), freq_threshold)
 
 
 def _block_rows(records: list[dict]) -> list[list[int]]:
@@ -156,7 +187,7 @@ def _block_rows(records: list[dict]) -> list[list[int]]:
 
 def transform_file(input: str | os.PathLike, merged: str | os.PathLike, out: str | os.PathLike, file_index: int = 0,
                    split: str = "train", valid_fraction: float | None = None, seed: int = 0,
-                   chunk_rows: int = DEFAULT_CHUNK_ROWS, on_bad_rows: str = "error", workers: int = 1,
+                   chunk_rows: int | None = None, on_bad_rows: str = "error", workers: int = 1,
                    compression: str = DEFAULT_COMPRESSION) -> dict:
     """One file → `out/{train,valid}/part-NNNNN.parquet`, numbered from `merged/merge.json`."""
     path, kind, out, merged = _one_file(input), _split_kind(split, valid_fraction), Path(out), Path(merged)
@@ -171,12 +202,15 @@ def transform_file(input: str | os.PathLike, merged: str | os.PathLike, out: str
         (work / sub).mkdir(parents=True, exist_ok=True)
     for split_name in _SPLITS:
         (work / split_name).mkdir(exist_ok=True)
-    records, _, _, _ = _fit_file(path, kind, file_index, work, False, valid_fraction=valid_fraction, seed=seed,
+    data = _dataset_of(plan)
+    data.check_inputs([path])
+    chunk_rows = data.chunk_rows(chunk_rows)
+    records, _, _, _ = _fit_file(data, path, kind, file_index, work, False, valid_fraction=valid_fraction, seed=seed,
                                  on_bad_rows=on_bad_rows, workers=workers, chunk_rows=chunk_rows)
     if _block_rows(records) != plan["blocks"][str(file_index)]:
         raise UserError(f"{path}: its blocks differ from what `count` saw (another --chunk-rows, --valid-fraction, "
                         "--seed or --split, or a changed file?)")
-    rows = transform_pass(records, work, compression, workers, False, plan["first_parts"][str(file_index)],
+    rows = transform_pass(data, records, work, compression, workers, False, plan["first_parts"][str(file_index)],
                           str(merged))
     for split_name in _SPLITS:
         (out / split_name).mkdir(parents=True, exist_ok=True)
@@ -208,9 +242,10 @@ def finalize(out: str | os.PathLike, count_dirs, merged: str | os.PathLike, part
             if found_parts != plan["parts"][split]:
                 raise UserError(f"expected {plan['parts'][split]} {split} parts, found {found_parts} "
                                 "(is a transform output missing from --parts?)")
-        stats, files, digests = _stats(found, merged, plan, part_dirs)
+        data = _dataset_of(plan)
+        stats, files, digests = _stats(data, found, merged, plan, part_dirs)
         _gather_rejected(found, tmp)
-        schema = write_metadata(tmp, out, files, digests, stats, plan["freq_threshold"])
+        schema = write_metadata(tmp, out, files, digests, stats, data)
         publish(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -218,11 +253,11 @@ def finalize(out: str | os.PathLike, count_dirs, merged: str | os.PathLike, part
             "vocab_hash": schema.vocab_hash}
 
 
-def _stats(found, merged: Path, plan: dict, part_dirs) -> tuple[dict, list, list[str]]:
+def _stats(data, found, merged: Path, plan: dict, part_dirs) -> tuple[dict, list, list[str]]:
     """stats.json as `preprocess` writes it, from the per-file counts (pass times summed over files)."""
-    records = [{"cache": r["cache"], "rows": r["rows"], "missing": np.asarray(r["missing"], dtype=np.int64)}
-               for _, counts in found for r in counts["records"]]
-    tables = {name: pq.read_table(merged / "vocab" / f"{name}.parquet") for name in SPARSE}
+    records = [{**r, "missing": np.asarray(r["missing"], dtype=np.int64)} for _, counts in found
+               for r in counts["records"]]
+    tables = {name: pq.read_table(merged / "vocab" / f"{name}.parquet") for name in data.description.sparse}
     rows = {split: sum(r["rows"][split] for r in records) for split in _SPLITS}
     transforms = [json.loads((Path(d) / PARTS).read_text()) for d in part_dirs if (Path(d) / PARTS).exists()]
     passes = {"fit_seconds": round(sum(c["seconds"] for _, c in found), 3), "vocab_seconds": plan["seconds"],
@@ -230,7 +265,8 @@ def _stats(found, merged: Path, plan: dict, part_dirs) -> tuple[dict, list, list
     warnings = [w for _, counts in found for w in counts["warnings"]]
     per_file = [counts["stats"] for _, counts in found]
     stats = collect_stats(records, per_file, plan["distinct"], tables, rows, warnings, passes, len(found),
-                          found[0][1]["chunk_rows"] if found else DEFAULT_CHUNK_ROWS)
+                          found[0][1]["chunk_rows"] if found else data.chunk_rows(None), data.description.dense,
+                          data.description.sparse, data.max_lengths)
     stats["passes"]["total_seconds"] = round(sum(passes.values()), 3)
     files = [(Path(c["path"]), c["split"]) for _, c in found]
     return stats, files, [c["digest"] for _, c in found]

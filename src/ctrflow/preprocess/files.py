@@ -120,3 +120,18 @@ def truncation_message(path: Path, line: int, tail: bytes) -> str:
     """The one-line error for a gzip stream that ends early."""
     where = f"line {line}" if tail else f"after line {line}"
     return f"{path}: {where}: truncated gzip file (the compressed stream ends early)"
+
+
+_SAMPLE_BYTES = 1 << 20
+
+
+def bytes_per_block(path: Path, chunk_rows: int) -> int:
+    """Bytes per block for about `chunk_rows` lines, from the file's first megabyte (decompressed)."""
+    first = next(plan_blocks(path, 0, _SAMPLE_BYTES), None) if is_gzip(path) else None
+    if first is not None and first.data is not None:
+        sample = first.data[:_SAMPLE_BYTES]
+    else:
+        with open(path, "rb") as f:
+            sample = f.read(_SAMPLE_BYTES)
+    per_row = len(sample) / max(1, sample.count(b"\n")) if sample else 256
+    return max(1 << 12, int(chunk_rows * per_row))

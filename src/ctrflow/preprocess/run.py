@@ -1,10 +1,13 @@
-"""Raw Criteo TSV → Parquet + schema + vocabularies, streaming in two passes over every core.
+"""Raw rows of a dataset → Parquet + schema + vocabularies, streaming in two passes over every core.
 
-Fit pass: blocks of whole lines are parsed on worker processes, their training values counted and
-the parsed block cached; the counts merge into the vocabularies (ARCHITECTURE.md "Processed-data
-conventions"). Transform pass: the cached blocks become Parquet parts in input order. Everything is
-written under `DIR.tmp-<pid>` and renamed into place at the end, so a failed or interrupted run
-leaves nothing that looks complete. The output is the same for any worker count and chunk size.
+The pipeline takes a dataset (`ctrflow.datasets.catalog.open_dataset`: the built-in Criteo TSV, or a
+table in CSV, TSV or Parquet described by a file), which supplies the passes' worker stages; the rest
+is the same for every dataset. Fit pass: blocks of whole rows are parsed on worker processes, their
+training values counted and the parsed block cached; the counts merge into the vocabularies (the id
+rule of docs/feature-contract.md). Transform pass: the cached blocks become Parquet parts in input
+order. Everything is written under `DIR.tmp-<pid>` and renamed into place at the end, so a failed or
+interrupted run leaves nothing that looks complete. The output is the same for any worker count and
+chunk size.
 """
 
 from __future__ import annotations
@@ -20,46 +23,55 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from ctrflow.preprocess.accounting import account_block, collect_stats, file_stats, summarize, track
+from ctrflow.errors import UserError
+from ctrflow.preprocess.accounting import (account_block, check_rows_written, collect_stats, file_stats, summarize,
+                                           track)
 from ctrflow.preprocess.blockcache import CACHE, MEMORY_BYTES
-from ctrflow.preprocess.counting import RANGE_ENTRIES, SPILL_ENTRIES, MergeStage, merge_vocabulary, remove_runs
-from ctrflow.preprocess.files import Block, expand_inputs, is_gzip, plan_blocks
+from ctrflow.preprocess.counting import RANGE_ENTRIES, SPILL_ENTRIES, remove_runs
 from ctrflow.preprocess.engines import check_engine
+from ctrflow.preprocess.files import expand_inputs, is_gzip
 from ctrflow.preprocess.interop import write_hugectr_metadata, write_merlin_schema
 from ctrflow.preprocess.output import FileHasher, PieceChecksums, check_out_dir, publish
 from ctrflow.preprocess.parallel import WorkerPool, reap
-from ctrflow.datasets.criteo.passes import FitStage, TransformStage, WholeFile
-from ctrflow.schema import Schema
-from ctrflow.datasets.criteo.columns import SPARSE
 from ctrflow.preprocess.vocab import write_vocab
-from ctrflow.errors import UserError
-from ctrflow.datasets.criteo.columns import criteo_features
+from ctrflow.schema import DENSE_TRANSFORM, Schema
 
-DEFAULT_CHUNK_ROWS = 1 << 17  # rows per block and Parquet part: sets memory per worker (~2 KB per row in flight)
+DEFAULT_CHUNK_ROWS = 1 << 17  # Criteo rows per block and Parquet part: sets memory per worker (~2 KB per row in flight)
 # Parquet compression of the parts. "none" by default: 2.5x cheaper to write than snappy, and the
 # parts are read once per epoch by the loader; "snappy" or "zstd" make files ~2.5x smaller.
 COMPRESSIONS = ("none", "snappy", "zstd", "lz4")
 DEFAULT_COMPRESSION = "none"
-_SAMPLE_BYTES = 1 << 20
 
 
 def preprocess(train: Sequence[str], valid: Sequence[str] = (), out: str | os.PathLike = "data",
-               freq_threshold: int = 6, valid_fraction: float | None = None, workers: int | None = None,
+               freq_threshold: int | None = None, valid_fraction: float | None = None, workers: int | None = None,
                on_bad_rows: str = "error", engine: str = "cpu", seed: int = 0, tracker=None,
-               chunk_rows: int = DEFAULT_CHUNK_ROWS, progress: bool | None = None,
+               chunk_rows: int | None = None, progress: bool | None = None,
                compression: str = DEFAULT_COMPRESSION, spill_entries: int = SPILL_ENTRIES,
-               range_entries: int = RANGE_ENTRIES, device: str = "cuda") -> dict:
+               range_entries: int = RANGE_ENTRIES, device: str = "cuda", dataset="criteo") -> dict:
     """Preprocess raw files into `out`; returns the summary (rows, cardinalities, vocab hash, seconds).
-    `engine`: "cpu" (numpy, on `workers` processes) or "gpu" (parse, count and transform in this
-    process on torch `device`: `gpu_engine`); the output is the same whichever runs.
+    `dataset`: "criteo" (the raw Criteo TSV), a dataset description file, a `Description` or an opened
+    dataset. `freq_threshold`: the default threshold (else the description's, 6 for Criteo); per-column
+    thresholds of the description apply beside it. `engine`: "cpu" (numpy, on `workers` processes) or
+    "gpu" (Criteo only: parse, count and transform in this process on torch `device`: `gpu_engine`);
+    the output is the same whichever runs.
 
-    Memory: each worker holds one block (`chunk_rows`) and at most `spill_entries` (value, count)
-    pairs; the final merge holds `range_entries` pairs per column at a time."""
-    _check_args(train, valid, freq_threshold, valid_fraction, on_bad_rows, engine, chunk_rows)
+    Memory: each worker holds one block (`chunk_rows`: 131,072 rows of Criteo by default, about 32 MB of
+    text of a described table) and at most `spill_entries` (value, count) pairs; the final merge holds
+    `range_entries` pairs per column at a time."""
+    from ctrflow.datasets.catalog import open_dataset
+
+    data = open_dataset(dataset, freq_threshold)
+    _check_args(train, valid, valid_fraction, on_bad_rows, engine, chunk_rows)
+    chunk_rows = data.chunk_rows(chunk_rows)
+    if engine == "gpu" and "gpu" not in data.engines:
+        raise UserError(f"--engine gpu reads only the raw Criteo TSV (--dataset criteo); use --engine cpu "
+                        f"for {data.description.source}")
     if compression not in COMPRESSIONS:
         raise UserError(f"--compression must be one of {', '.join(COMPRESSIONS)}, got {compression!r}")
     files = [(p, "split" if valid_fraction else "train") for p in expand_inputs(train)]
     files += [(p, "valid") for p in expand_inputs(valid)]
+    data.check_inputs([p for p, _ in files])  # a column missing from a file: before any row is read
     out = Path(out)
     check_out_dir(out)
     workers = workers or available_cores()
@@ -69,14 +81,14 @@ def preprocess(train: Sequence[str], valid: Sequence[str] = (), out: str | os.Pa
         for sub in ("cache", "runs", "train", "valid"):
             (tmp / sub).mkdir(parents=True)
         checksums = PieceChecksums()  # plain files on the cpu engine: checksummed by the fit workers
-        hashed = [p for p, _ in files if engine != "cpu" or is_gzip(p)]
+        hashed = [p for p, _ in files if engine != "cpu" or is_gzip(p) or not data.checksums_pieces]
         with FileHasher(hashed) as hasher:
-            stats = _run(files, tmp, freq_threshold, valid_fraction or 0.0, workers, on_bad_rows, seed,
-                         chunk_rows, _show_progress(progress), compression, spill_entries, range_entries,
-                         engine, device, checksums)
+            stats = _run(data, files, tmp, valid_fraction or 0.0, workers, on_bad_rows, seed, chunk_rows,
+                         _show_progress(progress), compression, spill_entries, range_entries, engine, device,
+                         checksums)
             file_digests = checksums.digests([p for p, _ in files], dict(zip(map(str, hashed), hasher.result())))
         stats["passes"]["total_seconds"] = round(time.perf_counter() - started, 3)
-        schema = write_metadata(tmp, out, files, file_digests, stats, freq_threshold)
+        schema = write_metadata(tmp, out, files, file_digests, stats, data)
         shutil.rmtree(tmp / "cache")
         shutil.rmtree(tmp / "runs")
         publish(tmp, out)
@@ -90,26 +102,35 @@ def preprocess(train: Sequence[str], valid: Sequence[str] = (), out: str | os.Pa
         reap()  # the workers exited while the output was published
     summary = summarize(out, schema, stats, workers)
     if tracker is not None:
-        track(tracker, summary, stats, out, dict(train=list(map(str, train)), valid=list(map(str, valid)),
-               freq_threshold=freq_threshold, valid_fraction=valid_fraction, workers=workers,
-               on_bad_rows=on_bad_rows, engine=engine, device=device, seed=seed, chunk_rows=chunk_rows,
-               compression=compression))
+        track(tracker, summary, stats, out, dict(
+            dataset=data.description.source, train=list(map(str, train)), valid=list(map(str, valid)),
+            freq_threshold=data.description.default_threshold, valid_fraction=valid_fraction, workers=workers,
+            on_bad_rows=on_bad_rows, engine=engine, device=device, seed=seed, chunk_rows=chunk_rows,
+            compression=compression))
     return summary
 
 
-def write_metadata(tmp: Path, out: Path, files, digests: list[str], stats: dict, freq_threshold: int) -> Schema:
-    """Write schema.json, stats.json and the HugeCTR/NVTabular metadata into `tmp` (to be published at `out`)."""
+def write_metadata(tmp: Path, out: Path, files, digests: list[str], stats: dict, data) -> Schema:
+    """Write schema.json, stats.json and the HugeCTR/NVTabular metadata into `tmp` (to be published at
+    `out`). `data`: the dataset (its description and features go to schema.json)."""
     cardinalities = stats.pop("cardinalities")
-    schema = Schema(cardinalities=cardinalities, features=criteo_features(cardinalities), freq_threshold=freq_threshold,
-                    rows=dict(stats["rows"]), vocab_hash=stats.pop("vocab_hash"),
+    label_sum = stats.pop("label_sum")
+    train_rows = stats["rows"]["train"]
+    features = data.description.features(cardinalities)
+    same = all(f.transform == "log1p" for f in features.dense)  # the old key says one rule for every column
+    schema = Schema(cardinalities=cardinalities, features=features,
+                    dense_transform=DENSE_TRANSFORM if same else "per feature: features.dense[].transform",
+                    freq_threshold=data.description.default_threshold, rows=dict(stats["rows"]),
+                    vocab_hash=stats.pop("vocab_hash"), dataset=data.description.to_dict(),
+                    label_rate=round(label_sum / train_rows, 9) if train_rows else None,
                     files=[{"path": str(Path(p).resolve()), "bytes": Path(p).stat().st_size, "digest": d,
                             "split": "train+valid" if s == "split" else s}
                            for (p, s), d in zip(files, digests)])
     (tmp / "stats.json").write_text(json.dumps(stats, indent=2) + "\n")
     schema.save(tmp / "schema.json")
     for split in ("train", "valid"):
-        write_hugectr_metadata(tmp / split, out / split)
-    write_merlin_schema(tmp, schema.cardinalities)  # not in train/: Parquet readers of a directory read every file
+        write_hugectr_metadata(tmp / split, out / split, features)
+    write_merlin_schema(tmp, features)  # not in train/: Parquet readers of a directory read every file
     return schema
 
 
@@ -120,19 +141,17 @@ def available_cores() -> int:
     return os.cpu_count() or 1
 
 
-def _check_args(train, valid, freq_threshold, valid_fraction, on_bad_rows, engine, chunk_rows) -> None:
+def _check_args(train, valid, valid_fraction, on_bad_rows, engine, chunk_rows) -> None:
     if not train:
         raise UserError("no training input: give --train FILE...")
     if valid and valid_fraction:
         raise UserError("give either --valid files or --valid-fraction, not both")
     if valid_fraction is not None and not 0.0 <= valid_fraction < 1.0:
         raise UserError(f"--valid-fraction must be in [0, 1), got {valid_fraction}")
-    if freq_threshold < 1:
-        raise UserError(f"--freq-threshold must be at least 1, got {freq_threshold}")
     if on_bad_rows not in ("error", "skip"):
         raise UserError(f"--on-bad-rows must be 'error' or 'skip', got {on_bad_rows!r}")
     check_engine(engine)
-    if chunk_rows < 1:
+    if chunk_rows is not None and chunk_rows < 1:
         raise UserError(f"--chunk-rows must be positive, got {chunk_rows}")
 
 
@@ -140,32 +159,6 @@ def _show_progress(progress: bool | None) -> bool:
     if progress is not None:
         return progress
     return sys.stderr.isatty() and not os.environ.get("CI")
-
-
-def _block_bytes(path: Path, chunk_rows: int) -> int:
-    """Bytes per block for about `chunk_rows` rows, from the file's first megabyte."""
-    first = next(plan_blocks(path, 0, _SAMPLE_BYTES), None) if is_gzip(path) else None
-    if first is not None and first.data is not None:
-        sample = first.data[:_SAMPLE_BYTES]
-    else:
-        with open(path, "rb") as f:
-            sample = f.read(_SAMPLE_BYTES)
-    per_row = len(sample) / max(1, sample.count(b"\n")) if sample else 256
-    return max(1 << 12, int(chunk_rows * per_row))
-
-
-def _tasks(files: list[tuple[int, tuple[Path, str]]], chunk_rows: int, workers: int) -> Iterator[Block | WholeFile]:
-    """Fit tasks of (file index, (path, split)) in input order. Plain files: byte ranges each worker
-    reads itself. Gzip files: whole files when there are enough of them to keep every worker busy
-    (each worker decompresses its own), else blocks decompressed here. The blocks, and so the output,
-    are the same either way."""
-    gzipped = [is_gzip(path) for _, (path, _) in files]
-    whole = workers > 1 and sum(gzipped) >= workers
-    for (index, (path, _)), gz in zip(files, gzipped):
-        if whole and gz:
-            yield WholeFile(index, _block_bytes(path, chunk_rows))
-        else:
-            yield from plan_blocks(path, index, _block_bytes(path, chunk_rows))
 
 
 class _NoBar:
@@ -188,42 +181,52 @@ def _bar(enabled: bool, desc: str, total=None):
     return tqdm(total=total, desc=desc, unit=" rows", unit_scale=True, leave=False)
 
 
-def _run(files, tmp: Path, threshold: int, fraction: float, workers: int, on_bad_rows: str, seed: int,
+def _run(data, files, tmp: Path, fraction: float, workers: int, on_bad_rows: str, seed: int,
          chunk_rows: int, progress: bool, compression: str, spill_entries: int = SPILL_ENTRIES,
          range_entries: int = RANGE_ENTRIES, engine: str = "cpu", device: str = "cuda",
          checksums: PieceChecksums | None = None) -> dict:
-    """Both passes; returns stats (with cardinalities and vocab hash for the schema). `checksums`:
-    collects the input pieces' CRC-32 from the fit workers (the files' digests)."""
+    """Both passes; returns stats (with cardinalities, vocab hash and label sum for the schema).
+    `checksums`: collects the input pieces' CRC-32 from the fit workers (the files' digests)."""
     if engine == "gpu":
-        from ctrflow.datasets.criteo.gpu_preprocess import UnsupportedInput, run_gpu
-
-        try:
-            return run_gpu(files, tmp, threshold, fraction, workers, on_bad_rows, seed, chunk_rows, progress,
-                           compression, device)
-        except UnsupportedInput:  # e.g. C values not 8 hex digits: the CPU engine's path, same output
-            pass
-    fit = FitStage([str(p) for p, _ in files], [s for _, s in files], str(tmp / "cache"), fraction, seed,
-                   stop_at_bad_row=on_bad_rows == "error", run_dir=str(tmp / "runs"), spill_entries=spill_entries,
-                   memory_bytes=MEMORY_BYTES // workers, checksums=checksums is not None)
+        stats = data.run_gpu(files, tmp, fraction, workers, on_bad_rows, seed, chunk_rows, progress, compression,
+                             device)
+        if stats is not None:
+            return stats
+    _share_imports()
+    fit = data.fit_stage([str(p) for p, _ in files], [s for _, s in files], str(tmp / "cache"), fraction, seed,
+                         stop_at_bad_row=on_bad_rows == "error", run_dir=str(tmp / "runs"),
+                         spill_entries=spill_entries, memory_bytes=MEMORY_BYTES // workers,
+                         checksums=checksums is not None)
     with WorkerPool(workers) as pool:  # both passes on the same workers: blocks stay in their memory
         t0 = time.perf_counter()
         per_file, warnings = [file_stats(p, s) for p, s in files], []
-        records, finals = fit_pass(fit, list(enumerate(files)), tmp, workers, chunk_rows, progress, per_file,
+        records, finals = fit_pass(data, fit, list(enumerate(files)), tmp, workers, chunk_rows, progress, per_file,
                                    warnings, pool, checksums)
+        check_rows_written(per_file)
         t1 = time.perf_counter()
-        tables, distinct = build_vocabulary(finals, threshold, workers, range_entries, pool=pool)
+        tables, distinct = build_vocabulary(data, finals, workers, range_entries, pool=pool)
         t2 = time.perf_counter()
         with ThreadPoolExecutor(1) as side:  # the vocabulary files are written while the parts are
             written = side.submit(write_vocab, tmp, tables)
-            rows = transform_pass(records, tmp, compression, workers, progress, pool=pool, tables=tables)
+            rows = transform_pass(data, records, tmp, compression, workers, progress, pool=pool, tables=tables)
             written.result()
         t3 = time.perf_counter()
     passes = {"fit_seconds": round(t1 - t0, 3), "vocab_seconds": round(t2 - t1, 3),
               "transform_seconds": round(t3 - t2, 3)}
-    return collect_stats(records, per_file, distinct, tables, rows, warnings, passes, workers, chunk_rows)
+    return collect_stats(records, per_file, distinct, tables, rows, warnings, passes, workers, chunk_rows,
+                         data.description.dense, data.description.sparse, data.max_lengths)
 
 
-def fit_pass(fit: FitStage, files: list[tuple[int, tuple[Path, str]]], tmp: Path, workers: int, chunk_rows: int,
+def _share_imports() -> None:
+    """Import pandas before the workers fork, so they share it: pyarrow imports it on its first conversion
+    of numpy data (a module-level check), which costs each process ~0.3 CPU-s of its own otherwise."""
+    try:
+        import pandas  # noqa: F401
+    except ImportError:  # pyarrow then runs without it
+        pass
+
+
+def fit_pass(data, fit, files: list[tuple[int, tuple[Path, str]]], tmp: Path, workers: int, chunk_rows: int,
              progress: bool, per_file, warnings, pool: WorkerPool | None = None,
              checksums: PieceChecksums | None = None):
     """Pass 1 over every block of `files` ((file index, (path, split)) pairs), in order: (per-block records,
@@ -236,11 +239,12 @@ def fit_pass(fit: FitStage, files: list[tuple[int, tuple[Path, str]]], tmp: Path
         if rejected:
             rejected.write("file\tline\treason\traw\n")
         with _own_pool(pool, workers) as pool, _bar(progress, "fit") as bar:
-            for result in (r for results in pool.run(fit, _tasks(files, chunk_rows, workers)) for r in results):
+            tasks = data.tasks(files, chunk_rows, workers, str(tmp / "runs"))  # gzip tables decompress there
+            for result in (r for results in pool.run(fit, tasks) for r in results):
                 account_block(result, by_index, per_file, rejected, warnings)
                 if checksums is not None and result.get("pieces") is not None:
                     checksums.add(result["file"], *result["pieces"])
-                records.append({k: result[k] for k in ("cache", "rows", "missing", "worker")})  # no raw lines
+                records.append({k: result[k] for k in (*RECORD_KEYS, "worker") if k in result})  # no raw lines
                 bar.update(result["lines"])
             finals = pool.finish()
     finally:
@@ -249,26 +253,31 @@ def fit_pass(fit: FitStage, files: list[tuple[int, tuple[Path, str]]], tmp: Path
     return records, finals
 
 
-def build_vocabulary(finals: list[dict], threshold: int, workers: int, range_entries: int, remove: bool = True,
+RECORD_KEYS = ("cache", "rows", "missing", "label_sum", "cut_lists")  # what a block's record keeps
+
+
+def build_vocabulary(data, finals: list[dict], workers: int, range_entries: int, remove: bool = True,
                      pool: WorkerPool | None = None):
     """Merge every worker's runs, column by column, on `pool`'s workers (else on threads here):
     ({column: vocabulary table}, {column: distinct}); the run files are deleted afterwards unless
     `remove` is False."""
+    names = data.description.sparse
     runs = [run for final in finals for run in final["runs"]]
-    tasks = [(j, [f["other"][name] for f in finals]) for j, name in enumerate(SPARSE)]
+    tasks = [(j, [f["other"][name] for f in finals if name in f["other"]]) for j, name in enumerate(names)]
+    stage = data.merge_stage(runs, [data.description.threshold(name) for name in names], range_entries)
     if pool is not None:
-        merged = list(pool.run(MergeStage(runs, threshold, range_entries), tasks))
+        merged = list(pool.run(stage, tasks))
     else:
+        stage.start()
         with ThreadPoolExecutor(workers) as threads:  # numpy's and pyarrow's sorts release the GIL
-            merged = list(threads.map(lambda task: merge_vocabulary(runs, task[1], task[0], threshold,
-                                                                    range_entries), tasks))
+            merged = list(threads.map(stage.handle, tasks))
     if remove:
         remove_runs(runs)
-    return ({name: table for name, (table, _) in zip(SPARSE, merged)},
-            {name: n for name, (_, n) in zip(SPARSE, merged)})
+    return ({name: table for name, (table, _) in zip(names, merged)},
+            {name: n for name, (_, n) in zip(names, merged)})
 
 
-def transform_pass(records: list[dict], tmp: Path, compression: str, workers: int, progress: bool,
+def transform_pass(data, records: list[dict], tmp: Path, compression: str, workers: int, progress: bool,
                    first_parts: dict[str, int] | None = None, vocab_dir: str = "",
                    pool: WorkerPool | None = None, tables: dict | None = None) -> dict[str, int]:
     """Pass 2: cached blocks → Parquet parts, numbered in input order per split from `first_parts`
@@ -276,10 +285,10 @@ def transform_pass(records: list[dict], tmp: Path, compression: str, workers: in
     `pool`: the fit pass's workers (a block held in a worker's memory is transformed there), else a pool
     for this pass."""
     held = {r["cache"]: r.get("worker") for r in records}
-    numbered = _transform_tasks(records, first_parts or {"train": 0, "valid": 0})
+    numbered = transform_tasks(records, first_parts or {"train": 0, "valid": 0})
     tasks = [(cache, parts, held[cache]) for cache, parts in numbered]
     rows = {split: sum(r["rows"][split] for r in records) for split in ("train", "valid")}
-    stage = TransformStage(str(tmp), compression, vocab_dir, tables)
+    stage = data.transform_stage(str(tmp), compression, vocab_dir, tables)
     with _own_pool(pool, min(workers, max(1, len(tasks)))) as pool, \
             _bar(progress, "transform", rows["train"] + rows["valid"]) as bar:
         for written in pool.run(stage, tasks, route=lambda task: task[2]):
@@ -292,7 +301,8 @@ def _own_pool(pool: WorkerPool | None, workers: int):
     return nullcontext(pool) if pool is not None else WorkerPool(workers)
 
 
-def _transform_tasks(records: list[dict], first_parts: dict[str, int]) -> Iterator[tuple[str, dict[str, int]]]:
+def transform_tasks(records: list[dict], first_parts: dict[str, int]) -> Iterator[tuple[str, dict[str, int]]]:
+    """(cache name, {split: part number}) per block with rows, parts numbered in input order per split."""
     parts = dict(first_parts)
     for record in records:
         if record["cache"] is None:
@@ -303,3 +313,4 @@ def _transform_tasks(records: list[dict], first_parts: dict[str, int]) -> Iterat
                 task[split] = parts[split]
                 parts[split] += 1
         yield record["cache"], task
+

@@ -1,12 +1,13 @@
 """Categorical vocabularies: value → id, shared by batch preprocessing and serving (no skew).
 
-Ids per column: 0 = missing (empty), 1 = rare or unseen (OOV), 2.. = the vocabulary in order
-(most frequent first, ties by value). `DIR/vocab/C{i}.parquet` holds columns `value` (string) and
-`count` (int64); row k has id k + 2.
+Ids per sparse feature (categorical or multi-hot): 0 = missing (empty), 1 = rare or unseen (OOV),
+2.. = the vocabulary in order (most frequent first, ties by value bytes). `DIR/vocab/<feature>.parquet`
+holds columns `value` (string) and `count` (int64); row k has id k + 2.
 
-Fast path: a value of exactly 8 bytes (Criteo's 8 hex digits) is a uint64 key (its bytes read as
-one little-endian integer, no copy), so counting and lookup are integer operations.
-Any other value ("other") takes a slower string path; both paths give the same ids.
+Criteo's fast path: a value of exactly 8 bytes (8 hex digits) is a uint64 key (its bytes read as
+one little-endian integer, no copy), so counting and lookup are integer operations; any other value
+("other") takes a slower string path. Any dataset's strings (`encode`) are looked up by hash and
+checked byte for byte (`string_hash.StringIndex`). Every path gives the same ids.
 """
 
 from __future__ import annotations
@@ -17,15 +18,14 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ctrflow.preprocess.engines import CpuEngine, KeyTable
-from ctrflow.schema import FIRST_ID, MISSING_ID, OOV_ID
-from ctrflow.datasets.criteo.columns import SPARSE
+from ctrflow.preprocess.hashing import StringIndex
 from ctrflow.errors import UserError
+from ctrflow.features import FIRST_ID, MISSING_ID, OOV_ID
 
 _FIXED = pa.binary(8)
 
@@ -90,25 +90,35 @@ _CPU = CpuEngine()
 
 
 class ColumnVocab:
-    """One column's vocabulary and its lookup tables (hash indexes built once)."""
+    """One feature's vocabulary and its lookup tables (each built once, on first use)."""
 
     def __init__(self, name: str, values: pa.Array, counts: np.ndarray):
         self.name = name
         self.values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
         self.counts = np.asarray(counts, dtype=np.int64)
-        keys, other = encode_keys(self.values)
-        is_key = keys != 0
-        self.key_table = KeyTable(keys[is_key], (np.flatnonzero(is_key) + FIRST_ID).astype(np.int32))
+        self._key_table: KeyTable | None = None
         self._other_index = None
-        if other is not None:
-            is_other = other.is_valid().to_numpy(zero_copy_only=False)
-            self._other_index = pd.Index(other.filter(pa.array(is_other)).to_pylist(), dtype=object)
-            self._other_ids = (np.flatnonzero(is_other) + FIRST_ID).astype(np.int32)
+        self._strings: StringIndex | None = None
 
     @property
     def cardinality(self) -> int:
         """Vocabulary size + 2 (missing, OOV): the embedding table size."""
         return len(self.values) + FIRST_ID
+
+    @property
+    def key_table(self) -> KeyTable:
+        """The 8-byte values as uint64 keys and their ids (Criteo's fast path), and the other values' index."""
+        if self._key_table is None:
+            import pandas as pd
+
+            keys, other = encode_keys(self.values)
+            is_key = keys != 0
+            self._key_table = KeyTable(keys[is_key], (np.flatnonzero(is_key) + FIRST_ID).astype(np.int32))
+            if other is not None:
+                is_other = other.is_valid().to_numpy(zero_copy_only=False)
+                self._other_index = pd.Index(other.filter(pa.array(is_other)).to_pylist(), dtype=object)
+                self._other_ids = (np.flatnonzero(is_other) + FIRST_ID).astype(np.int32)
+        return self._key_table
 
     def lookup(self, keys: np.ndarray, other: pa.Array | None = None) -> np.ndarray:
         """Ids (int32 [n]) of values given as `encode_keys` output; 8-byte keys are looked up in the
@@ -135,55 +145,92 @@ class ColumnVocab:
         return ids
 
     def encode(self, values: Sequence[str] | pa.Array) -> np.ndarray:
-        """Raw strings as in the TSV ("" or None = missing) → ids, int32 [n]."""
+        """Raw strings ("" or None = missing) → ids, int32 [n]: any values, looked up by hash and bytes."""
         strings = values if isinstance(values, (pa.Array, pa.ChunkedArray)) else pa.array(list(values), pa.string())
-        return self.lookup(*encode_keys(strings))
+        strings = strings.combine_chunks() if isinstance(strings, pa.ChunkedArray) else strings
+        strings = pc.fill_null(strings.cast(pa.string()) if strings.type != pa.string() else strings, "")
+        if self._strings is None:
+            self._strings = StringIndex(self.values)
+        positions = self._strings.positions(strings)
+        ids = np.where(positions >= 0, positions + FIRST_ID, OOV_ID).astype(np.int32)
+        ids[pc.equal(strings, "").to_numpy(zero_copy_only=False)] = MISSING_ID
+        return ids
 
 
 class Vocabularies:
-    """The 26 column vocabularies of a processed dataset."""
+    """The vocabularies of a processed dataset's sparse features, in feature order."""
 
-    def __init__(self, columns: Mapping[str, ColumnVocab]):
+    def __init__(self, columns: Mapping[str, ColumnVocab], schema=None):
         self.columns = dict(columns)
+        self.schema = schema  # the `Schema` they were loaded with, if any
 
     @classmethod
-    def load(cls, data_dir: str | os.PathLike) -> "Vocabularies":
-        """Read `data_dir/vocab/C{i}.parquet` (a preprocess output directory)."""
+    def load(cls, data_dir: str | os.PathLike, schema=None) -> "Vocabularies":
+        """Read `data_dir/vocab/<feature>.parquet` for every sparse feature of `schema` (a `Schema`, a
+        `Features`, or a list of names; default: `data_dir/schema.json`'s), in that order."""
+        if schema is None:
+            from ctrflow.schema import Schema
+
+            schema = Schema.load(data_dir)
+        names = _sparse_names(data_dir, schema)
         vocab_dir = Path(data_dir) / "vocab"
         tables = {}
-        for name in SPARSE:
+        for name in names:
             path = vocab_dir / f"{name}.parquet"
             if not path.exists():
                 raise UserError(f"{path}: missing vocabulary (is {data_dir} a `ctrflow preprocess` output?)")
             tables[name] = pq.read_table(path)
-        return cls.from_tables(tables)
+        vocab = cls.from_tables(tables)
+        vocab.schema = schema if hasattr(schema, "vocab_hash") else None
+        return vocab
 
     @classmethod
     def from_tables(cls, tables: Mapping[str, pa.Table]) -> "Vocabularies":
-        """From each column's vocabulary table (columns value, count; as `write_vocab` writes them)."""
-        return cls({name: ColumnVocab(name, tables[name].column("value"), tables[name].column("count").to_numpy())
-                    for name in SPARSE})
+        """From each feature's vocabulary table (columns value, count; as `write_vocab` writes them), in order."""
+        return cls({name: ColumnVocab(name, table.column("value"), table.column("count").to_numpy())
+                    for name, table in tables.items()})
 
     def encode(self, column: str, values: Sequence[str] | pa.Array) -> np.ndarray:
-        """Raw strings of one categorical column → ids, int32 [n]."""
+        """Raw strings of one sparse feature (single values, not lists) → ids, int32 [n]."""
         if column not in self.columns:
-            raise UserError(f"unknown categorical column {column!r} (expected one of C1..C26)")
+            raise UserError(f"unknown sparse feature {column!r} (expected one of {', '.join(self.columns)})")
         return self.columns[column].encode(values)
 
     def cardinalities(self) -> dict[str, int]:
-        """{"C1": vocabulary + 2, ...}"""
+        """{feature: vocabulary + 2, ...}"""
         return {name: vocab.cardinality for name, vocab in self.columns.items()}
 
     def hash(self) -> str:
-        """sha256 over every column's values in id order."""
+        """sha256 over every feature's values in id order (`vocab_hash`)."""
         return vocab_hash({name: vocab.values for name, vocab in self.columns.items()})
 
 
+def load_vocabularies(data_dir: str | os.PathLike) -> "Vocabularies":
+    """The vocabularies of a directory holding `vocab/` and `schema.json` (a preprocess output, or a model
+    version that carries them), checked against the schema's hash: ids from other vocabularies would
+    silently mean other values."""
+    from ctrflow.schema import Schema
+
+    schema = Schema.load(data_dir)
+    vocab = Vocabularies.load(data_dir, schema)
+    if vocab.hash() != schema.vocab_hash:
+        raise UserError(f"{data_dir}/vocab: vocabulary hash {vocab.hash()[:12]} != schema.json's "
+                        f"{schema.vocab_hash[:12]}")
+    return vocab
+
+
+def _sparse_names(data_dir, schema) -> list[str]:
+    features = getattr(schema, "features", schema)
+    if hasattr(features, "sparse"):
+        return [f.name for f in features.sparse]
+    return list(features)
+
+
 def vocab_hash(values: Mapping[str, pa.Array]) -> str:
-    """sha256 over each column's name, value offsets and bytes (id order): equal iff the id maps are equal."""
+    """sha256 over each feature's name, value offsets and bytes, features in the mapping's order (the
+    schema's), values in id order: equal iff the id maps are equal."""
     digest = hashlib.sha256()
-    for name in SPARSE:
-        column = values[name]
+    for name, column in values.items():
         column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
         n = len(column)
         digest.update(f"{name}:{n}\n".encode())
@@ -198,8 +245,8 @@ def vocab_hash(values: Mapping[str, pa.Array]) -> str:
 
 
 def write_vocab(out_dir: str | os.PathLike, tables: Mapping[str, pa.Table]) -> None:
-    """Write `out_dir/vocab/C{i}.parquet` (columns value, count) for every categorical column."""
+    """Write `out_dir/vocab/<feature>.parquet` (columns value, count) for every sparse feature."""
     vocab_dir = Path(out_dir) / "vocab"
     vocab_dir.mkdir(parents=True, exist_ok=True)
-    for name in SPARSE:
-        pq.write_table(tables[name].select(["value", "count"]), vocab_dir / f"{name}.parquet")
+    for name, table in tables.items():
+        pq.write_table(table.select(["value", "count"]), vocab_dir / f"{name}.parquet")

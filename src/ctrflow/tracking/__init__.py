@@ -7,6 +7,7 @@ Every step takes the same flags (`add_tracking_flags`) and builds its tracker wi
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -54,11 +55,24 @@ def resolve_tracking_uri(uri: str | None) -> str:
 
 
 def make_tracker(uri: str | None, experiment: str = "ctrflow", run_name: str | None = None,
-                 parent_run_id: str | None = None, tags: dict[str, str] | None = None) -> Tracker:
-    """An MLflow tracker, or a `NullTracker` when tracking is off or mlflow is not installed."""
+                 parent_run_id: str | None = None, tags: dict[str, str] | None = None,
+                 background: bool = True) -> Tracker:
+    """An MLflow tracker, or a `NullTracker` when tracking is off or mlflow is not installed.
+
+    With `background` (the default) the run is logged by a worker process that starts now and works
+    beside the step (`BackgroundTracker`): importing mlflow and opening the store stay off the step's
+    path. Without it, every call is made here and returns when logged.
+    """
     uri = resolve_tracking_uri(uri)
     if uri.lower() == "none":
         return NullTracker()
+    if background:
+        if importlib.util.find_spec("mlflow") is None:  # e.g. the GPU machine, which has no mlflow
+            print("ctrflow: tracking disabled (No module named 'mlflow')", file=sys.stderr)
+            return NullTracker()
+        from ctrflow.tracking.background import BackgroundTracker
+
+        return BackgroundTracker(uri, experiment, run_name=run_name, parent_run_id=parent_run_id, tags=tags or {})
     try:
         from ctrflow.tracking.mlflow_tracker import MlflowTracker
     except ImportError as err:  # e.g. the GPU machine, which has no mlflow
@@ -78,8 +92,8 @@ def start_pipeline_run(uri: str | None, experiment: str, run_name: str, kfp_run_
                        params: dict) -> str:
     """Open the parent run of one pipeline run (left open: `finish_pipeline_run` closes it);
     returns its id, or "" when tracking is off."""
-    tracker = make_tracker(uri, experiment, run_name, tags={"kfp.run_id": kfp_run_id,
-                                                            "ctrflow.step": "pipeline"})
+    tracker = make_tracker(uri, experiment, run_name, tags={"kfp.run_id": kfp_run_id, "ctrflow.step": "pipeline"},
+                           background=False)  # left open: no worker process may outlive this call
     tracker.log_params(params)
     return tracker.run_id or ""
 

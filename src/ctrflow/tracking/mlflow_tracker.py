@@ -56,9 +56,11 @@ class MlflowTracker(Tracker):
         for i in range(0, len(items), BATCH):
             self.client.log_batch(self.run_id, params=items[i:i + BATCH], synchronous=True)
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        """Log scalar metrics at `step` (0 when not given); non-numbers are refused by float()."""
-        now = int(time.time() * 1000)
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None,
+                    timestamp_ms: int | None = None) -> None:
+        """Log scalar metrics at `step` (0 when not given), stamped `timestamp_ms` (default: now);
+        non-numbers are refused by float()."""
+        now = timestamp_ms or int(time.time() * 1000)
         items = [Metric(str(k), float(v), now, int(step or 0)) for k, v in metrics.items()]
         for i in range(0, len(items), BATCH):
             self.client.log_batch(self.run_id, metrics=items[i:i + BATCH], synchronous=True)

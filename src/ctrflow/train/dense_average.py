@@ -9,7 +9,7 @@ The whole step then has no host sync and `GraphedStep` captures it (`ctrflow.tra
 steps use the same code (`tests/unit/test_dense_average.py` holds it equal to DDP's step).
 On 4 H200s (`benchmarks/sharded_scale.py --graph`, benchmarks/NOTES.md) a communicator of its own
 ("own") was faster than the default one, where the all-reduce queued behind the replicated tables'.
-Starting part of it from gradient hooks during backward failed under capture (NOTES, session 3 A2).
+Starting part of it from gradient hooks during backward failed under CUDA-graph capture.
 """
 
 from __future__ import annotations

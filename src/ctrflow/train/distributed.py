@@ -65,8 +65,8 @@ def init_runtime(device: str = "auto") -> Runtime:
 def close_runtime(runtime: Runtime) -> None:
     """Tear the process group down (no-op for one process). CUDA graphs that captured NCCL calls
     must be released first (`GraphedStep.release`): NCCL's communicator teardown waits for every
-    graph holding one of its operations, and hung here while a graph was alive (device call 4 of
-    session 2). The device is synchronized so no kernel still uses a communicator."""
+    graph holding one of its operations, and hangs here while a graph is alive (seen on H200s). The
+    device is synchronized so no kernel still uses a communicator."""
     if runtime.distributed and dist.is_initialized():
         if runtime.device.type == "cuda":
             torch.cuda.synchronize(runtime.device)

@@ -20,7 +20,7 @@ whose quantized operand is the narrow side (N >= W): the forward of a widening l
 input-gradient of a narrowing one; `rule="all"` both products of every layer.
 
 `apply_fp8`'s defaults (all products, fast accumulation) are what measured fastest on an H200 for
-DCNv2 at batch 65,536 (benchmarks/NOTES.md, "DCNv2, session 2"): 4.61-4.65 M samples/s against
+DCNv2 at batch 65,536 (benchmarks/NOTES.md, "DCNv2 on one GPU"): 4.61-4.65 M samples/s against
 4.33-4.35 M for bf16 in the same runs, 4.47 M for all products with fp32 accumulation, 4.53 M for
 the widening rule with fast accumulation. AUC after 100 steps vs the plain fp32 path: |delta| 5.7e-4
 and 1.19e-3 in two runs (the bf16 fast path's own: 0.7e-4 and 9.1e-4): at the 0.001 gate's edge,
@@ -29,10 +29,10 @@ so fp8 is an explicit opt-in, never a default.
 Row scales (amax of each row / the format's largest value) keep a row's outliers from flattening
 the others, and, being per-row reductions, fuse under `torch.compile` into the kernel that
 produces the row (the cross layer's `x0 * h + x`) — as looped reductions that read each row two or
-three times (NOTES, "DCNv2, session 2"). DCNv2's cross layers therefore become an
+three times (benchmarks/NOTES.md). DCNv2's cross layers therefore become an
 `ctrflow.train.fp8_cross.Fp8CrossNet` (`apply_fp8(fuse_cross=True)`, the default): hand-written row
 kernels that produce each row, its amax and its fp8 copy in one pass: 4.74-4.78 M samples/s against
-4.67 M for the Fp8Linear layers under inductor and 4.35 M in bf16 (one H200; NOTES, "DCNv2, session 4");
+4.67 M for the Fp8Linear layers under inductor and 4.35 M in bf16 (one H200; benchmarks/NOTES.md);
 AUC over 3 seeds at the gate's edge (|mean delta| 0.3e-4, 9.3e-4, 9.1e-4 in three runs). Master weights, optimizer state
 and every other elementwise op stay as they were (fp32 / bf16 autocast).
 """
@@ -120,7 +120,7 @@ class _Fp8Matmul(torch.autograd.Function):
             grad_x = grad @ weight.to(torch.bfloat16)
         grad_w = weight_grad(grad, x)  # bf16 tensor cores, as autocast's Linear does
         # a product, not a sum that inductor fuses into the quantization above: 317 -> 164 + 60 us a
-        # step for DCNv2's deep layers (benchmarks/NOTES.md, "DCNv2, session 11")
+        # step for DCNv2's deep layers on an H200 (benchmarks/NOTES.md)
         grad_b = column_sums(grad) if ctx.has_bias else None
         return grad_x, grad_w, grad_b, None
 

@@ -4,7 +4,7 @@ x_{l+1} = x0 * h_l + x_l, h_l = U_l (V_l x_l) + b_l on [M, N] rows (N = 3456, ra
 Under `apply_fp8` every product of a layer is fp8 (`ctrflow.train.fp8`), and each product's wide operand
 needs an fp8 copy with row scales. Inductor fuses those quantizations into the row producers as
 looped reductions that read the row two or three times (+1.8 ms per step of 65,536, ~1.2 ms over the
-byte floor: benchmarks/NOTES.md, "DCNv2, session 2"). Here one Triton program owns whole rows
+byte floor: benchmarks/NOTES.md, "DCNv2 on one GPU"). Here one Triton program owns whole rows
 (`fp8_kernels.py`), so each [M, N] tensor is read once per pass (P = one bf16 pass over [M, N]):
 
 - forward: x0's e4m3 copy (1.5 P); per layer y = x0 * h + x with
@@ -20,7 +20,7 @@ byte floor: benchmarks/NOTES.md, "DCNv2, session 2"). Here one Triton program ow
 
 For L = 3: 34.5 P against ~40 for the same algebra with an accumulator, the products as in `Fp8Linear`
 (fp8 forward and input-gradient, bf16 weight gradients) except dU in fp8 (`fp8_wgrad`). Measured on
-one H200 (M 65,536, session 4): the kernels run at the device-copy rate; the cross net's forward +
+one H200 (M 65,536): the kernels run at the device-copy rate; the cross net's forward +
 backward 9.10 ms against 9.83 for the same `Fp8Linear` layers compiled by inductor
 (benchmarks/fp8_cross.py). Same parameters and state-dict keys as the
 `LowRankCrossNet` it replaces; its `Fp8Linear` layers stay, and run the plain formula wherever this
@@ -28,13 +28,12 @@ one does not apply (inputs not 2-D, > 4 layers, rows wider than 8192). The kerne
 Triton; elsewhere (the CPU: `_scaled_mm` runs there too) the same algebra runs in torch (`*_reference`).
 The cross net runs eagerly between two compiled graphs (`torch.compiler.disable`: Triton launches).
 
-Session 8 (benchmarks/NOTES.md): x0 may come in two parts, DCNv2's dense-arch output and its lookups,
-which every kernel reads (and dx0's pass writes) in place: no concatenated copy (2 P, ~0.2 ms); the
-weight-gradient products run on a side stream beside the memory-bound row kernels; the K = 512 up
-products run in `fp8_product`'s kernel instead of cuBLAS's. Session 9: the weight-gradient products
-write fp32 (`weight_grad`: not rounded to bf16, no cast kernel after). Session 10: dU in fp8 from
-batch-major copies (`fp8_wgrad`), the weight gradients in line (`wgrad_beside` off): a side stream's
-products now slow the tile kernels beside them more than they gain (benchmarks/NOTES.md).
+x0 may come in two parts, DCNv2's dense-arch output and its lookups, which every kernel reads (and
+dx0's pass writes) in place: no concatenated copy (2 P, ~0.2 ms). The K = 512 up products run in
+`fp8_product`'s kernel instead of cuBLAS's. The weight-gradient products write fp32 (`weight_grad`: not
+rounded to bf16, no cast kernel after). dU is fp8, from batch-major copies (`fp8_wgrad`), and the weight
+gradients run in line by default (`wgrad_beside` off): on a side stream the products slow the tile
+kernels beside them more than they gain (benchmarks/NOTES.md).
 """
 
 from __future__ import annotations

@@ -163,8 +163,8 @@ def cross_dh_tiles_kernel(g_ptr, d0_ptr, d1_ptr, d2_ptr, x0_ptr, rest_ptr, q_ptr
     c = cols[None, :]
     inv_t = tl.load(inv_t_ptr)
     # loads not pipelined through shared memory (the top layer's pass: 493 us with Triton's default 3 stages
-    # and 4 programs per SM, 446 without at 8), column sums reduced once at the end, not per tile (407;
-    # benchmarks/NOTES.md, "DCNv2, session 11")
+    # and 4 programs per SM, 446 without at 8), column sums reduced once at the end, not per tile (407 us;
+    # measured on an H200, benchmarks/NOTES.md)
     acc = tl.zeros([R, BC], dtype=tl.float32)
     for i in tl.range(0, iters, num_stages=1):
         rows = (pr + i * row_programs) * R + tl.arange(0, R)

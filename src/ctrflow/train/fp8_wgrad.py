@@ -3,7 +3,7 @@ notation: h_l = U_l z_l + b_l, z_l = V_l x_l), from batch-major copies.
 
 Hopper's fp8 products (cuBLAS) take both operands K-major, and a weight gradient's K is the batch, so
 each operand needs a batch-major fp8 copy. Made apart, the wide one's transpose costs what fp8 saves
-(benchmarks/NOTES.md, "DCNv2, session 9"). Here it comes out of the pass that makes dh, in place of
+(benchmarks/NOTES.md, "DCNv2 on one GPU"). Here it comes out of the pass that makes dh, in place of
 that pass's bf16 dh, which only the bf16 product read: `cross_dh_tiles` works on [R, BC] tiles, so
 its batch-major stores write whole R-row segments, and tiles cannot see a row's amax. Its scales are
 therefore known before the pass:
@@ -37,7 +37,7 @@ except ImportError:  # pragma: no cover - depends on the machine
 
 BF16 = torch.bfloat16
 SLACK = 1.02  # dh's up to four bf16 roundings (each <= 2^-8) on top of the bound
-# tile rows x columns, warps, programs per SM (benchmarks/NOTES.md, "DCNv2, sessions 10-11")
+# tile rows x columns, warps, programs per SM (benchmarks/NOTES.md, "DCNv2 on one GPU")
 TILES = {"dh": (64, 64, 4, 8), "transpose": (128, 64, 4)}
 
 

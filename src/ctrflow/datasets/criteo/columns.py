@@ -19,3 +19,10 @@ TEST_COLUMNS = (*DENSE, *SPARSE)
 def criteo_features(cardinalities: Mapping[str, int]) -> Features:
     """The feature contract of processed Criteo data with these vocabulary sizes (C1..C26)."""
     return Features.categorical({c: int(cardinalities[c]) for c in SPARSE}, DENSE)
+
+
+def criteo_part_schema():
+    """The Parquet parts' schema of processed Criteo data (`preprocess.output.part_schema`)."""
+    from ctrflow.preprocess.output import part_schema
+
+    return part_schema(criteo_features(dict.fromkeys(SPARSE, 0)))

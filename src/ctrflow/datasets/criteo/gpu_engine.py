@@ -28,13 +28,14 @@ from ctrflow.preprocess.engines import _LOG1P_TABLE, LOG1P_TABLE_SIZE, dense_inp
 from ctrflow.datasets.criteo.gpu_parse import HEX_DIGITS, Tables, hex_values, parse_lines
 from ctrflow.datasets.criteo.gpu_read import Group, GroupReader
 from ctrflow.preprocess.output import write_part
-from ctrflow.datasets.criteo.passes import rows_in_valid
+from ctrflow.preprocess.split import rows_in_valid
 from ctrflow.schema import FIRST_ID, LABEL, MISSING_ID, OOV_ID
-from ctrflow.datasets.criteo.columns import DENSE, SPARSE
+from ctrflow.datasets.criteo.columns import DENSE, SPARSE, criteo_part_schema
 from ctrflow.preprocess.vocab import encode_keys, keys_to_strings
 from ctrflow.errors import UserError
 
 COLUMN_SHIFT = 32  # (column, value) key: column << 32 | value
+_PART_SCHEMA = criteo_part_schema()
 
 
 class UnsupportedInput(Exception):
@@ -181,12 +182,16 @@ class GpuEngine:
         per_block_missing.index_add_(0, row_block, absent.t())
         per_block_valid = torch.bincount(row_block[~train], minlength=nblocks).cpu().numpy()
         per_block_missing = per_block_missing.cpu().numpy()
+        label_sums = torch.zeros(nblocks, dtype=torch.int64, device=self.device)  # training labels: the label rate
+        label_sums.index_add_(0, row_block[train], label[train].to(torch.int64))
+        label_sums = label_sums.cpu().numpy()
         for k, result in enumerate(results):
             n = ranges[k][1] - ranges[k][0]
             if n == 0:
                 continue
             result["cache"] = k  # the block within its group: it has rows to write
             result["missing"] = per_block_missing[k]
+            result["label_sum"] = int(label_sums[k])
             v = int(per_block_valid[k])
             result["rows"] = {"train": n - v, "valid": v} if split == "split" else {"train": 0, "valid": 0, split: n}
         self._count(sparse, train)
@@ -292,5 +297,5 @@ def write_parts(rows: Rows, ids: np.ndarray, label: np.ndarray, dense: np.ndarra
             keep = rows.valid[a:b] if split == "valid" else ~rows.valid[a:b]
             part_rows = {name: values[keep] for name, values in columns.items()}
         out = os.path.join(data_dir, split, f"part-{part:05d}.parquet")
-        written[split] = write_part(part_rows, out, compression)
+        written[split] = write_part(part_rows, out, compression, _PART_SCHEMA)
     return written

@@ -2,7 +2,7 @@
 
 Blocks come back in input order with the same accounting dicts as the CPU engine's fit stage, so
 bad rows stop the run or go to `rejected.tsv` exactly as there; the Parquet parts are numbered as
-the CPU engine numbers them (`preprocess._transform_tasks`) and written by a pool of threads.
+the CPU engine numbers them (`preprocess.run.transform_tasks`) and written by a pool of threads.
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ctrflow.preprocess.accounting import account_block, collect_stats, file_stats
+from ctrflow.datasets.criteo.columns import DENSE, SPARSE
+from ctrflow.preprocess.accounting import account_block, check_rows_written, collect_stats, file_stats
+from ctrflow.preprocess.files import bytes_per_block
 from ctrflow.datasets.criteo.gpu_engine import GpuEngine, UnsupportedInput, vocabulary_tables, write_parts
 from ctrflow.preprocess.vocab import write_vocab
 
@@ -23,7 +25,7 @@ def run_gpu(files, tmp: Path, threshold: int, fraction: float, workers: int, on_
             chunk_rows: int, progress: bool, compression: str, device: str) -> dict:
     """Fit, vocabulary and transform on `device`; returns stats as `preprocess._run` does.
     Raises `UnsupportedInput` (before any part is written) where the CPU engine must run instead."""
-    from ctrflow.preprocess.run import _bar, _block_bytes
+    from ctrflow.preprocess.run import _bar
 
     paths = {i: str(p) for i, (p, _) in enumerate(files)}
     engine = GpuEngine(device, paths, {i: s for i, (_, s) in enumerate(files)}, fraction, seed,
@@ -31,10 +33,12 @@ def run_gpu(files, tmp: Path, threshold: int, fraction: float, workers: int, on_
     t0 = time.perf_counter()
     per_file, warnings = [file_stats(p, s) for p, s in files], []
     try:
-        groups, records = fit_pass(engine, files, tmp, {i: _block_bytes(Path(p), chunk_rows) for i, p in paths.items()},
-                                   on_bad_rows, per_file, warnings, _bar(progress, "fit"))
+        block_bytes = {i: bytes_per_block(Path(p), chunk_rows) for i, p in paths.items()}
+        groups, records = fit_pass(engine, files, tmp, block_bytes, on_bad_rows, per_file, warnings,
+                                   _bar(progress, "fit"))
     finally:
         engine.reader.close()
+    check_rows_written(per_file)
     t1 = time.perf_counter()
     ordered = engine.order_vocabulary(threshold)
     t2 = time.perf_counter()
@@ -45,7 +49,8 @@ def run_gpu(files, tmp: Path, threshold: int, fraction: float, workers: int, on_
     t3 = time.perf_counter()
     passes = {"fit_seconds": round(t1 - t0, 3), "vocab_seconds": round(t2 - t1, 3),
               "transform_seconds": round(t3 - t2, 3)}
-    return collect_stats(records, per_file, distinct, tables, rows, warnings, passes, workers, chunk_rows)
+    return collect_stats(records, per_file, distinct, tables, rows, warnings, passes, workers, chunk_rows,
+                         DENSE, SPARSE)
 
 
 def _write_vocabulary(tmp: Path, ordered) -> tuple[dict, dict]:
@@ -70,7 +75,7 @@ def fit_pass(engine: GpuEngine, files, tmp: Path, block_bytes: dict[int, int], o
                     account_block(result, by_index, per_file, rejected, warnings)
                     if result["cache"] is not None:
                         result["cache"] = (g, result["cache"])
-                    records.append({k: result[k] for k in ("cache", "rows", "missing")})
+                    records.append({k: result[k] for k in ("cache", "rows", "missing", "label_sum") if k in result})
                     bar.update(result["lines"])
     finally:
         if rejected:
@@ -80,10 +85,10 @@ def fit_pass(engine: GpuEngine, files, tmp: Path, block_bytes: dict[int, int], o
 
 def transform_pass(engine: GpuEngine, groups, records, data_dir: str, compression: str, workers: int) -> dict:
     """Pass 2: ids on the device, parts written by threads (two groups in flight at most); rows per split."""
-    from ctrflow.preprocess.run import _transform_tasks
+    from ctrflow.preprocess.run import transform_tasks
 
     tasks = defaultdict(list)
-    for (g, k), parts in _transform_tasks(records, {"train": 0, "valid": 0}):
+    for (g, k), parts in transform_tasks(records, {"train": 0, "valid": 0}):
         tasks[g].append((k, parts))
     pending = []
     with ThreadPoolExecutor(max(1, workers)) as writers:

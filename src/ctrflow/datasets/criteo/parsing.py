@@ -154,7 +154,7 @@ def _parse_slowly(data: bytes, names: Sequence[str], lines: int) -> ParsedBlock:
     for i, line in enumerate(raw_lines):
         n = line.count(b"\t") + 1
         if n != len(names):
-            problems.append((i, f"expected {len(names)} tab-separated fields, found {n}", line))
+            problems.append((i, _field_count(len(names), n), line))
             continue
         try:
             line.decode("utf-8")
@@ -185,6 +185,13 @@ def _parse_slowly(data: bytes, names: Sequence[str], lines: int) -> ParsedBlock:
     mask = pa.array(keep)
     typed = pa.table({n: (columns[n] if n in columns else table.column(n)) for n in names}).filter(mask)
     return _to_parsed(typed, names, lines, rows[keep], problems)
+
+
+def _field_count(expected: int, found: int) -> str:
+    reason = f"expected {expected} tab-separated fields, found {found}"
+    if expected == len(RAW_COLUMNS) and found == len(TEST_COLUMNS):  # no label: the rows cannot be trained on
+        reason += " (Kaggle's unlabelled test layout? preprocessing needs the label as the first field)"
+    return reason
 
 
 def _is_binary(values: pa.Array) -> np.ndarray:

@@ -26,24 +26,14 @@ from ctrflow.datasets.criteo.raw import count_lines, line_starts, parse_block
 from ctrflow.preprocess.engines import CpuEngine, dense_inputs
 from ctrflow.preprocess.output import piece_checksums, write_part
 from ctrflow.preprocess.parallel import worker_index
+from ctrflow.preprocess.split import rows_in_valid
 from ctrflow.schema import LABEL
-from ctrflow.datasets.criteo.columns import DENSE, SPARSE
+from ctrflow.datasets.criteo.columns import DENSE, SPARSE, criteo_part_schema
 from ctrflow.preprocess.vocab import Vocabularies, encode_keys
 
 VALID = "__valid"  # cache column: the row belongs to the validation split
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _KERNELS = CpuEngine()
-
-
-def rows_in_valid(seed: int, file_index: int, offsets: np.ndarray, fraction: float) -> np.ndarray:
-    """Seeded per-row coin (splitmix64 of seed, file and the line's byte offset): same for any chunking."""
-    with np.errstate(over="ignore"):
-        x = offsets.astype(np.uint64) + np.uint64(seed % (1 << 64)) * _GOLDEN + np.uint64(file_index) * _MIX1
-        x = (x ^ (x >> np.uint64(30))) * _MIX1
-        x = (x ^ (x >> np.uint64(27))) * _MIX2
-        x ^= x >> np.uint64(31)
-    return (x >> np.uint64(11)).astype(np.float64) * (2.0 ** -53) < fraction
+_PART_SCHEMA = criteo_part_schema()
 
 
 @dataclass(frozen=True)
@@ -75,7 +65,7 @@ class FitStage:
 
     def start(self) -> None:
         """Fresh counts and an empty block cache (in the worker)."""
-        self.counter = Counter(self.run_dir, self.spill_entries)
+        self.counter = Counter(self.run_dir, SPARSE, self.spill_entries)
         CACHE.clear()
 
     def finish(self) -> dict:
@@ -119,6 +109,8 @@ class FitStage:
         else:
             result["rows"][split] = n
         table, uniques = self._encode_and_count(parsed, split, valid, result["missing"])
+        if split != "valid":  # the training rows' clicks: the label rate in schema.json
+            result["label_sum"] = int(np.count_nonzero(parsed.label if valid is None else parsed.label[~valid]))
         result["cache"] = f"{block.file_index:05d}-{block.index:07d}.arrow"
         if self.cache_dir and CACHE.put(self.cache_dir, result["cache"], table, uniques, self.memory_bytes):
             result["worker"] = worker_index()  # the transform of this block must run there
@@ -175,7 +167,7 @@ class TransformStage:
         if self.tables is not None:
             self.vocab = Vocabularies.from_tables(self.tables)
         else:
-            self.vocab = Vocabularies.load(self.vocab_dir or self.data_dir)
+            self.vocab = Vocabularies.load(self.vocab_dir or self.data_dir, SPARSE)
 
     def finish(self) -> None:
         """Nothing to hand back."""
@@ -202,5 +194,5 @@ class TransformStage:
                 keep = valid if split == "valid" else pc.invert(valid)
                 rows = {name: values.filter(keep) for name, values in columns.items()}
             out = os.path.join(self.data_dir, split, f"part-{part:05d}.parquet")
-            written[split] = write_part(rows, out, self.compression)
+            written[split] = write_part(rows, out, self.compression, _PART_SCHEMA)
         return written

@@ -31,7 +31,7 @@ from ctrflow.errors import UserError
 VERSION = 1
 CHUNK_ROWS = 1 << 16  # rows drawn per random stream; fixed, so bytes depend only on (rows, days, seed)
 CALIBRATION_ROWS = 1 << 15  # day-0 rows the teacher is scaled on (their own random stream)
-TARGET_AUC = 0.80  # the middle of the issue's [0.75, 0.85]; a day's exact AUC lands within ~0.01 of it
+TARGET_AUC = 0.80  # the middle of [0.75, 0.85], real Criteo's range; a day's exact AUC lands within ~0.01 of it
 TARGET_CTR = 0.23  # Criteo's click rate is 0.2-0.26
 
 # (universe size, Zipf exponent s, offset q) per C1..C26. Universes are the Kaggle Criteo cardinalities

@@ -7,7 +7,7 @@ rank touched: the replicas stay identical, and the result equals one process on 
 Masked over all rows instead of gathering the touched ones: no device-to-host read (and the rows no
 rank touched are few: ~11% of the MLPerf replicas' rows on 4 ranks of 65,536 Zipf samples). Summing and
 all-reducing the large tables' part first, beside the rest's summing, was exact but slower (+0.08 ms a
-step on 2 H200s, +0.12 ms on 4: benchmarks/NOTES.md, session 4).
+step on 2 H200s, +0.12 ms on 4: benchmarks/NOTES.md).
 """
 
 from __future__ import annotations

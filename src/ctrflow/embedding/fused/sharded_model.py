@@ -1,8 +1,8 @@
 """Running a model on `FusedShardedEmbeddingCollection` faster: exchanges started before the dense
 layers (`forward_in_chunks`, optionally as micro-batches) and DLRM's interaction reading the exchange
 buffers in place (`read_exchange_layout`; one-hot collections). Both keep the step exact: one table
-update per step, the same gradients. Measured on 4 H200s in benchmarks/NOTES.md (four GPUs). Both act
-on the model's typed parts (`ctrflow.models.RankingModel`: `embeddings`, `interaction`)."""
+update per step, the same gradients. Measured on 4 H200s: benchmarks/NOTES.md, "DLRM on several GPUs".
+Both act on the model's typed parts (`ctrflow.models.RankingModel`: `embeddings`, `interaction`)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ callback) or by the caller's `flush()` (`update_in_backward = False`, e.g. after
 all-reduce of the dense gradients, which then runs beside the update). `flush()` also runs before the
 next lookup, so no lookup ever reads a table whose update is pending. On several GPUs with a flushing
 caller, the tables' own work (forward's sorts, the replicas' sums and all-reduce, the update) runs on a
-side stream, so the bottom MLP's layers are not queued behind it (4 H200s: -0.2 ms a step, NOTES session 7).
+side stream, so the bottom MLP's layers are not queued behind it (4 H200s: -0.2 ms a step, benchmarks/NOTES.md).
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class DeferredUpdate:
         pending, self.pending = self.pending, []
         for step in pending:
             # after the whole backward: the update started as soon as its exchange landed, beside the
-            # bottom MLP's backward, was measured slower (benchmarks/NOTES.md, session 7)
+            # bottom MLP's backward, was measured slower on 4 H200s (benchmarks/NOTES.md)
             pools = [t for p in step["pools"] if p is not None for t in (p.index, p.div)]
             with self._beside(*([step["rows"], step["grad"], *pools] if step["grad"] is not None else [])):
                 self._apply_update(step)

@@ -1,0 +1,1 @@
+"""ctrflow's tests; `tests.fixtures` holds what several test modules share."""
