@@ -15,7 +15,7 @@ from ctrflow.cli import main  # noqa: E402
 from ctrflow.config import DataConfig, TrainConfig  # noqa: E402
 from ctrflow.schema import Schema  # noqa: E402
 from ctrflow.tune.trial import TrialProcess, slot_env, trial_config  # noqa: E402
-from train_fixtures import write_processed  # noqa: E402
+from tests.fixtures.training import write_processed  # noqa: E402
 
 GOOD_SPACE = "lr: {low: 0.001, high: 0.01, log: true}\n"
 

@@ -12,7 +12,9 @@ import pytest
 from ctrflow.cli import main
 from ctrflow.errors import UserError
 from ctrflow.tune.report import KatibReporter, Reporters, VertexReporter, reporters_for
-from train_fixtures import one_thread, write_processed  # noqa: F401 (autouse fixture)
+from tests.fixtures.training import write_processed
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests/conftest.py)
 
 # Katib's StdOut collector: the default filter now, and the one before exponents were allowed
 KATIB_FILTERS = (r"([\w|-]+)\s*=\s*([+-]?\d*(\.\d+)?([Ee][+-]?\d+)?)", r"([\w|-]+)\s*=\s*((-?\d+)(\.\d+)?)")
