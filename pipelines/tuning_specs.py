@@ -79,7 +79,7 @@ def vertex_parameter(param: Param, where: str) -> dict[str, Any]:
             spec["categoricalValueSpec"] = {"values": [str(encode_choice(c)) for c in param.choices]}
         return spec
     if param.step is not None:  # a stepped range: the values it can take, as Vertex AI has no step
-        count = int(round((param.high - param.low) / param.step)) + 1
+        count = round((param.high - param.low) / param.step) + 1
         values = [param.low + i * param.step for i in range(count)]
         if param.kind == "int":
             spec["categoricalValueSpec"] = {"values": [str(int(v)) for v in values]}

@@ -4,8 +4,12 @@ metrics file as the study reads them."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -14,6 +18,7 @@ pytest.importorskip("optuna")
 from ctrflow.cli import main  # noqa: E402
 from ctrflow.config import DataConfig, TrainConfig  # noqa: E402
 from ctrflow.schema import Schema  # noqa: E402
+from ctrflow.tune.study import _alive  # noqa: E402
 from ctrflow.tune.trial import TrialProcess, slot_env, trial_config  # noqa: E402
 from tests.fixtures.training import write_processed  # noqa: E402
 
@@ -93,3 +98,15 @@ def test_gpus_are_split_between_slots():
     assert slot_env(1, 2, ["0", "1", "2", "3"]) == {"CUDA_VISIBLE_DEVICES": "2,3"}
     assert slot_env(2, 3, ["5", "7"]) == {"CUDA_VISIBLE_DEVICES": "5"}  # more slots than GPUs: shared
     assert slot_env(1, 2, []) == {}
+
+
+def test_an_exited_unreaped_process_is_not_alive():
+    """A tuning process that was killed but not yet reaped (a zombie) runs no trial: its trials are
+    recovered at once, not after the heartbeat's grace period."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while _alive(child.pid) and time.monotonic() < deadline:  # exited, not waited for: a zombie
+        time.sleep(0.05)
+    assert not _alive(child.pid)
+    child.wait()
+    assert _alive(os.getpid())

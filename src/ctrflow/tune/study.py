@@ -170,7 +170,12 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    # a process that exited but was not yet reaped (its parent gone, an init that reaps late) still
+    # answers signal 0: a zombie runs no trial
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 __all__ = ["HEARTBEAT_S", "PRUNERS", "SAMPLERS", "Study", "StudySettings", "default_storage", "open_study",
