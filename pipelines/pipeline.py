@@ -55,13 +55,16 @@ def request_gpus(task, kind, num_gpus):
     return task
 
 
-def add_training(data, settings: dict, tuning: dict, num_gpus, gpu_type, tracking: dict):
-    """Add the tune task (a no-op unless `tuning["trials"]` > 0) and the train task it hands its best
-    config to, both on `num_gpus` GPUs (0: CPU); returns the train task."""
+def add_training(data, settings: dict, num_gpus, gpu_type, tracking: dict, tuning: dict | None = None):
+    """Add the train task on `num_gpus` GPUs (0: CPU); with `tuning` (the tune task's trials, parallel
+    and space), the tune task before it on the same resources, whose best config it trains (the tune
+    task is a no-op at 0 trials). Returns the train task."""
     kind = accelerator_type(num_gpus=num_gpus, gpu_type=gpu_type).set_display_name("accelerator")
-    tuned = tune(data=data, **tuning, **settings, **tracking).set_display_name("tune")
-    request_gpus(tuned, kind, num_gpus)
-    trained = train(data=data, num_gpus=num_gpus, config=tuned.outputs["Output"], **settings, **tracking)
+    tuned = {}
+    if tuning is not None:
+        task = request_gpus(tune(data=data, **tuning, **settings, **tracking).set_display_name("tune"), kind, num_gpus)
+        tuned = {"config": task.outputs["Output"]}
+    trained = train(data=data, num_gpus=num_gpus, **tuned, **settings, **tracking)
     return request_gpus(trained.set_display_name("train"), kind, num_gpus)
 
 
@@ -131,7 +134,7 @@ def ctrflow_pipeline(
         settings = {"model": model, "epochs": epochs, "batch_size": batch_size, "embedding_dim": embedding_dim,
                     "learning_rate": learning_rate, "max_steps": max_steps, "seed": seed}
         tuning = {"trials": tune_trials, "parallel": tune_parallel, "space": tune_space}
-        checkpoint = add_training(data, settings, tuning, num_gpus, gpu_type, tracking).outputs["checkpoint"]
+        checkpoint = add_training(data, settings, num_gpus, gpu_type, tracking, tuning).outputs["checkpoint"]
         scored = evaluate(data=data, checkpoint=checkpoint, **tracking).set_display_name("evaluate")
         export(data=data, checkpoint=checkpoint, report=scored.outputs["report"], name=model_name,
                backend=export_backend, **tracking).set_display_name("export")
