@@ -14,7 +14,8 @@ from ctrflow_components.raw_data import raw_data
 from ctrflow_components.resources import accelerator_type
 from ctrflow_components.tracking import finish_run, start_run, track_data
 from ctrflow_components.train import train
+from ctrflow_components.tune import tune
 
 __all__ = ["TRAIN_IMAGE", "accelerator_type", "count_values", "day_inputs", "evaluate", "export", "finalize_data",
            "finish_run", "merge_counts", "preprocess_day", "promote_day", "raw_data", "start_run", "track_data", "train",
-           "transform_file"]
+           "transform_file", "tune"]

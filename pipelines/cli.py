@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 HELP = "compile, run locally, submit or schedule the KFP pipelines"
+TUNING_KINDS = ("vertex-hpt", "katib")  # launch-spec kinds that are tuning jobs (tuning_specs.py)
 
 
 def add_parameter_flags(parser: argparse.ArgumentParser) -> None:
@@ -96,26 +97,59 @@ def configure_schedule(sub) -> None:
 
 
 def configure_launch_spec(sub) -> None:
-    """`ctrflow pipeline launch-spec`: a multi-node training spec for an existing engine."""
+    """`ctrflow pipeline launch-spec`: a multi-node training spec, or a tuning job, for an existing engine."""
     from ctrflow_components.image import TRAIN_IMAGE
     from ctrflow_pipelines.launch import KINDS
 
-    spec = sub.add_parser("launch-spec", help="write a multi-node training spec (TrainJob, PyTorchJob, Vertex AI)",
+    spec = sub.add_parser("launch-spec", help="write a multi-node training spec (TrainJob, PyTorchJob, Vertex AI) "
+                                              "or a tuning job (Vertex AI, Katib)",
                           description="Write the spec that runs `ctrflow train` under torchrun on NUM_NODES nodes "
-                                      "of GPUS_PER_NODE GPUs; give the train flags after `--`.")
-    spec.add_argument("--kind", required=True, choices=KINDS, help="Kubeflow Trainer v2 TrainJob, Training "
-                      "Operator PyTorchJob, or Vertex AI CustomJob")
+                                      "of GPUS_PER_NODE GPUs, or a tuning job whose trials do (vertex-hpt, katib: "
+                                      "--space, --trials, --parallel); give the train flags after `--`.")
+    spec.add_argument("--kind", required=True, choices=KINDS + TUNING_KINDS,
+                      help="Kubeflow Trainer v2 TrainJob, Training Operator PyTorchJob, Vertex AI CustomJob, Vertex "
+                           "AI HyperparameterTuningJob, or Katib Experiment (PyTorchJob trials)")
     spec.add_argument("--name", default="ctrflow-train", help="job name (and torchrun rendezvous id)")
     spec.add_argument("--image", default=TRAIN_IMAGE, help=f"training image (default: {TRAIN_IMAGE})")
     spec.add_argument("--num-nodes", type=int, default=1)
     spec.add_argument("--gpus-per-node", type=int, default=8, help="0: one CPU process per node")
-    spec.add_argument("--namespace", default=None, help="Kubernetes namespace (trainjob, pytorchjob)")
+    spec.add_argument("--namespace", default=None, help="Kubernetes namespace (trainjob, pytorchjob, katib)")
     spec.add_argument("--runtime", default="torch-distributed", help="ClusterTrainingRuntime (trainjob)")
-    spec.add_argument("--machine-type", default="a3-highgpu-8g", help="Vertex AI machine type (vertex)")
-    spec.add_argument("--accelerator", default="NVIDIA_H100_80GB", help="Vertex AI accelerator type (vertex)")
+    spec.add_argument("--machine-type", default="a3-highgpu-8g", help="Vertex AI machine type (vertex, vertex-hpt)")
+    spec.add_argument("--accelerator", default="NVIDIA_H100_80GB",
+                      help="Vertex AI accelerator type (vertex, vertex-hpt)")
+    spec.add_argument("--space", default=None, metavar="FILE",
+                      help="search space file, as `ctrflow tune` reads it (vertex-hpt, katib)")
+    spec.add_argument("--trials", type=int, default=16, metavar="N", help="trials in all (vertex-hpt, katib)")
+    spec.add_argument("--parallel", type=int, default=2, metavar="P", help="trials at once (vertex-hpt, katib)")
     spec.add_argument("--out", default="-", help="file to write (.json: JSON, else YAML; default: stdout)")
     spec.add_argument("train_args", nargs="*", metavar="-- TRAIN_FLAGS",
                       help="`ctrflow train` flags, e.g. -- --data /mnt/data --out /mnt/ckpt --model dlrm")
+
+
+def build_launch_spec(args: argparse.Namespace) -> dict[str, Any]:
+    """The spec `args` ask for."""
+    from ctrflow.errors import UserError
+    from ctrflow_pipelines.launch import launch_spec
+
+    if args.kind in TUNING_KINDS:
+        from ctrflow.tune.space import read_space
+        from ctrflow_pipelines.tuning_specs import katib_experiment, vertex_tuning_job
+
+        if not args.space:
+            raise UserError(f"--kind {args.kind} needs --space FILE (the search space)")
+        space = read_space(args.space)
+        if args.kind == "katib":
+            return katib_experiment(args.name, args.image, args.train_args, space, args.trials, args.parallel,
+                                    args.num_nodes, args.gpus_per_node, namespace=args.namespace)
+        return vertex_tuning_job(args.name, args.image, args.train_args, space, args.trials, args.parallel,
+                                 args.num_nodes, args.gpus_per_node, machine_type=args.machine_type,
+                                 accelerator=args.accelerator)
+    options = {"trainjob": {"runtime": args.runtime, "namespace": args.namespace},
+               "pytorchjob": {"namespace": args.namespace},
+               "vertex": {"machine_type": args.machine_type, "accelerator": args.accelerator}}[args.kind]
+    return launch_spec(args.kind, args.name, args.image, args.train_args, args.num_nodes, args.gpus_per_node,
+                       **options)
 
 
 def write_launch_spec(args: argparse.Namespace) -> str:
@@ -124,13 +158,7 @@ def write_launch_spec(args: argparse.Namespace) -> str:
 
     import yaml
 
-    from ctrflow_pipelines.launch import launch_spec
-
-    options = {"trainjob": {"runtime": args.runtime, "namespace": args.namespace},
-               "pytorchjob": {"namespace": args.namespace},
-               "vertex": {"machine_type": args.machine_type, "accelerator": args.accelerator}}[args.kind]
-    spec = launch_spec(args.kind, args.name, args.image, args.train_args, args.num_nodes, args.gpus_per_node,
-                       **options)
+    spec = build_launch_spec(args)
     text = (json.dumps(spec, indent=2) + "\n" if args.out.endswith(".json")
             else yaml.safe_dump(spec, sort_keys=False, width=1000))
     if args.out == "-":

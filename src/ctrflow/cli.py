@@ -22,6 +22,7 @@ COMMANDS = {
     "synth": "write synthetic Criteo-format day files",
     "preprocess": "raw Criteo TSV -> Parquet + schema + vocabularies",
     "train": "train DLRM / DCNv2 / DeepFM / Wide&Deep",
+    "tune": "search hyperparameters: an Optuna study of ctrflow train runs",
     "evaluate": "exact AUC, logloss, calibration, plots",
     "export": "write a Triton model repository",
     "predict": "score raw rows with a checkpoint",

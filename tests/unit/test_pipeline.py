@@ -78,17 +78,30 @@ def test_one_train_task_serves_cpu_and_gpus(compiled):
     assert {n for n in executors if n.startswith(("exec-train", "exec-evaluate", "exec-export"))} == {
         "exec-train", "exec-evaluate", "exec-export"}  # no per-branch copies
     requesting = {n for n, ex in executors.items() if "accelerator" in ex["container"].get("resources", {})}
-    assert requesting == {"exec-train"}
-    accelerator = executors["exec-train"]["container"]["resources"]["accelerator"]
-    assert accelerator["resourceCount"] == "{{$.inputs.parameters['pipelinechannel--num_gpus']}}"
-    # the type comes from a task that answers "" on CPU: the KFP driver then sets no GPU limit at all
-    assert accelerator["resourceType"] == "{{$.inputs.parameters['pipelinechannel--accelerator-type-Output']}}"
-    assert "accelerator-type" in tasks_of(spec)["train"]["dependentTasks"]
-    shm = spec["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-train"]["emptyDirMounts"]
-    assert shm == [{"medium": "Memory", "mountPath": "/dev/shm", "sizeLimit": "16Gi", "volumeName": "dshm"}]
+    assert requesting == {"exec-train", "exec-tune"}  # the tuning stage's trials train on the same resources
+    for name in ("train", "tune"):
+        accelerator = executors[f"exec-{name}"]["container"]["resources"]["accelerator"]
+        assert accelerator["resourceCount"] == "{{$.inputs.parameters['pipelinechannel--num_gpus']}}"
+        # the type comes from a task that answers "" on CPU: the KFP driver then sets no GPU limit at all
+        assert accelerator["resourceType"] == "{{$.inputs.parameters['pipelinechannel--accelerator-type-Output']}}"
+        assert "accelerator-type" in tasks_of(spec)[name]["dependentTasks"]
+        shm = spec["platforms"]["kubernetes"]["deploymentSpec"]["executors"][f"exec-{name}"]["emptyDirMounts"]
+        assert shm == [{"medium": "Memory", "mountPath": "/dev/shm", "sizeLimit": "16Gi", "volumeName": "dshm"}]
     assert set(spec["root"]["inputDefinitions"]["parameters"]) >= {
         "raw_data", "dataset", "model", "freq_threshold", "epochs", "batch_size", "num_gpus", "mlflow_tracking_uri",
         "mlflow_experiment"}
+
+
+def test_tuning_stage_hands_its_best_config_to_the_one_train_task(compiled):
+    spec = load_spec(compiled)
+    tasks = tasks_of(spec)
+    params = spec["root"]["inputDefinitions"]["parameters"]
+    assert params["tune_trials"]["defaultValue"] == 0  # optional: off unless asked for
+    assert yaml.safe_load(params["tune_space"]["defaultValue"])["lr"]["log"] is True
+    config = tasks["train"]["inputs"]["parameters"]["config"]["taskOutputParameter"]
+    assert config == {"outputParameterKey": "Output", "producerTask": "tune"}
+    assert tasks["tune"]["inputs"]["artifacts"]["data"] == tasks["train"]["inputs"]["artifacts"]["data"]
+    assert tasks["tune"]["inputs"]["parameters"]["trials"]["componentInputParameter"] == "pipelinechannel--tune_trials"
 
 
 def test_dataset_parameter_reaches_the_raw_data_task(compiled):

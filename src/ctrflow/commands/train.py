@@ -131,6 +131,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="YAML or JSON file of config fields (flags override it), or a preset: "
                              + ", ".join(preset_names()))
     parser.add_argument("--print-config", action="store_true", help="print the whole config as YAML and exit")
+    parser.add_argument("--report-metrics", action="append", metavar="vertex|katib|none", default=None,
+                        help="also report each validation AUC to a tuning service: vertex (the cloudml-hypertune "
+                             "metrics file), katib (stdout lines for its metrics collector); repeatable")
     for flag, key, options, text in FLAGS:
         if key in CHOICES:
             options = {"choices": CHOICES[key], **options}
@@ -164,9 +167,12 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         raise UserError(f"{' and '.join(missing)} required (on the command line or in --config)")
     from ctrflow.train.loop import train  # torch is imported only when training runs
+    from ctrflow.tune.report import reporters_for
+
+    reporter = reporters_for(args.report_metrics)
 
     # under torchrun only rank 0 opens a tracking run
     tracker = tracker_from_args(args, "train") if int(os.environ.get("RANK", 0)) == 0 else NullTracker()
     with tracker:
-        train(config, tracker)
+        train(config, tracker, reporter)
     return 0

@@ -35,6 +35,7 @@ from ctrflow.embedding.fused.sharded_model import forward_in_chunks
 from ctrflow.errors import UserError
 from ctrflow.models import build_model
 from ctrflow.tracking import NullTracker, Tracker
+from ctrflow.tune.report import Reporter
 from ctrflow import checkpoint
 from ctrflow.train.build import Built, RunPlan, build, plan_run, run_record, tracked_params
 from ctrflow.train.dense_average import DenseAverage
@@ -65,6 +66,7 @@ class Session:
     total_steps: int
     plan: RunPlan = RunPlan()  # every choice of the run, resolved
     average: DenseAverage | None = None  # N processes, graphed step: the step averages the dense gradients
+    reporter: Reporter = Reporter()  # tuning services' metrics (`--report-metrics`), main process only
     step: int = 0
     epoch: int = 0
     batch: int = 0
@@ -75,14 +77,16 @@ class Session:
         return self.plan.amp
 
 
-def train(config: TrainConfig, tracker: Tracker | None = None) -> dict[str, Any]:
+def train(config: TrainConfig, tracker: Tracker | None = None, reporter: Reporter | None = None) -> dict[str, Any]:
     """Train `config.model` on processed data `config.data.path`, writing checkpoints and
-    `metrics.jsonl` under `config.out`; returns a summary (steps, loss, valid auc, ...)."""
+    `metrics.jsonl` under `config.out`; returns a summary (steps, loss, valid auc, ...). `reporter`
+    receives each validation's metrics (`ctrflow.tune.report`)."""
     tracker = tracker or NullTracker()
     with StopSignals() as stop:  # Ctrl-C / SIGTERM: a checkpoint at the step in flight, then a one-line exit
         runtime = init_runtime(config.device)
         try:
             session = _setup(config, tracker, runtime)
+            session.reporter = reporter if reporter is not None and runtime.is_main else Reporter()
             return _fit(session, stop)
         finally:
             close_runtime(runtime)
@@ -286,6 +290,7 @@ def _periodic(s: Session, log: ProgressLog, done: dict[str, int], last: bool) ->
         log.resume()
         done["eval"] = step
         print0(f"step {step}: valid auc {valid['auc']:.4f} logloss {valid['logloss']:.4f}")
+        s.reporter.report(step, s.epoch, valid)
     if evaluate or (cfg.log_every and step % cfg.log_every == 0):
         log.report(step, lr, {"auc": valid["auc"], "valid_logloss": valid["logloss"]} if valid else None)
     if save:
@@ -302,6 +307,7 @@ def _finish(s: Session, log: ProgressLog, valid: dict[str, float], done: dict[st
     if done["ckpt"] != s.step:  # resumed at the very end: nothing trained, but `out` is still a checkpoint
         if s.valid_loader is not None:
             valid = validate(s.model, s.valid_loader, s.runtime, s.amp)
+            s.reporter.report(s.step, s.epoch, valid)
         checkpoint.save_checkpoint(s.out, s.model, s.optimizers, {"step": s.step, "epoch": s.epoch, "batch": s.batch},
                                    s.config, s.schema, s.runtime, metrics=valid, run=run_record(s.config, s.plan))
         done["ckpt"] = s.step
