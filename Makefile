@@ -1,4 +1,5 @@
 # The two commands a new user needs: `make demo` and `make test` (each sets itself up first).
+# `make test` needs root for apt (Chromium) and a Python <= 3.13 with a shared libpython (PYTHON=...).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -14,6 +15,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 demo: setup
 	$(BIN)/ctrflow demo --out runs/demo
+	@echo "Next: 'source $(BIN)/activate' puts ctrflow and mlflow on PATH for the README's steps."
 
 # Debian's Chromium for the MLflow UI test (Playwright never downloads a browser here).
 browser:

@@ -6,6 +6,7 @@ by `TRAIN_IMAGE` must have ctrflow installed (docker/Dockerfile.train).
 """
 
 from ctrflow_components.image import TRAIN_IMAGE
+from ctrflow_components.daily import day_inputs, preprocess_day, promote_day
 from ctrflow_components.evaluate import evaluate
 from ctrflow_components.export import export
 from ctrflow_components.preprocess import count_values, finalize_data, merge_counts, transform_file
@@ -13,6 +14,8 @@ from ctrflow_components.raw_data import raw_data
 from ctrflow_components.resources import accelerator_type
 from ctrflow_components.tracking import finish_run, start_run, track_data
 from ctrflow_components.train import train
+from ctrflow_components.tune import tune
 
-__all__ = ["TRAIN_IMAGE", "accelerator_type", "count_values", "evaluate", "export", "finalize_data", "finish_run",
-           "merge_counts", "raw_data", "start_run", "track_data", "train", "transform_file"]
+__all__ = ["TRAIN_IMAGE", "accelerator_type", "count_values", "day_inputs", "evaluate", "export", "finalize_data",
+           "finish_run", "merge_counts", "preprocess_day", "promote_day", "raw_data", "start_run", "track_data", "train",
+           "transform_file", "tune"]

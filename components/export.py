@@ -10,10 +10,12 @@ from ctrflow_components.image import TRAIN_IMAGE
 def export(data: Input[Dataset], checkpoint: Input[Model], report: Input[Artifact], repository: Output[Model],
            name: str = "ctr",
            backend: str = "onnxruntime", tracking_uri: str = "", experiment: str = "ctrflow",
-           parent_run_id: str = "", kfp_run_id: str = ""):
+           parent_run_id: str = "", kfp_run_id: str = "", base: str = ""):
     """Write the Triton ensemble `name` into `repository` (the export step also registers it in
     MLflow with alias `candidate`, tagged with the AUC of evaluate's `report`, so that `ctrflow
-    promote` can compare versions). Metadata: name, backend, validation result, registered version."""
+    promote` can compare versions). `base`: a served repository; `repository` then holds its ensemble
+    with the next version beside it and the delta (`--base`; the base itself is left alone).
+    Metadata: name, backend, validation result, registered version, version and delta sizes."""
     import contextlib
     import io
     import json
@@ -24,6 +26,8 @@ def export(data: Input[Dataset], checkpoint: Input[Model], report: Input[Artifac
     argv = ["export", "--checkpoint", checkpoint.path, "--data", data.path, "--out", repository.path,
             "--name", name, "--backend", backend, "--metrics", report.path,
             *tracking_argv(tracking_uri, experiment, parent_run_id, {"kfp.run_id": kfp_run_id})]
+    if base:
+        argv += ["--base", base]
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):  # the step prints its summary as one JSON line
         code = main(argv)
@@ -32,4 +36,6 @@ def export(data: Input[Dataset], checkpoint: Input[Model], report: Input[Artifac
         raise RuntimeError(f"ctrflow {' '.join(argv)} failed")
     summary = json.loads(printed.getvalue().strip().splitlines()[-1])
     repository.metadata.update({k: summary[k] for k in ("name", "backend", "max_abs_diff", "rows",
-                                                        "registered_version") if k in summary})
+                                                        "registered_version", "version") if k in summary})
+    if "delta" in summary:
+        repository.metadata["delta"] = summary["delta"]

@@ -22,8 +22,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """Flags of `ctrflow demo`."""
     parser.add_argument("--out", default="runs/demo", help="folder for data, outputs, MLflow store, logs")
     parser.add_argument("--dataset", default="criteo", choices=("criteo", "movielens-like"),
-                        help="which synthetic dataset runs through the pipeline (default criteo)")
-    parser.add_argument("--rows", type=int, default=200_000, help="synthetic rows per day (default 200000)")
+                        help="which synthetic dataset runs through the pipeline")
+    parser.add_argument("--rows", type=int, default=200_000, help="synthetic rows per day")
     parser.add_argument("--model", default="dlrm", choices=("dlrm", "dcnv2", "deepfm", "wide_deep"))
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
@@ -74,22 +74,35 @@ def experiment_id(uri: str, name: str) -> str | None:
 
 
 def print_headline(summary: dict) -> None:
-    """The lines a user looks for: AUCs, the MLflow run, where the model went."""
+    """The lines a user looks for: AUCs, where the model went, how to open the MLflow run."""
+    print("\n" + "\n".join(headline(summary)), flush=True)
+
+
+def headline(summary: dict) -> list[str]:
+    """`print_headline`'s lines, labels aligned in one column."""
+    from ctrflow.tracking.ui import experiment_link, model_link, run_link, ui_base, ui_command
+
     auc, teacher = summary.get("auc"), summary.get("teacher_auc")
-    print(f"\nmodel AUC on day_1:   {auc:.4f}")
+    rows = [("model AUC on day_1", f"{auc:.4f}")]
     if teacher:
-        print(f"teacher AUC on day_1: {teacher:.4f}  (the model recovers {(auc - 0.5) / (teacher - 0.5):.0%} "
-              f"of the teacher's AUC above chance)")
+        recovered = (auc - 0.5) / (teacher - 0.5)
+        rows.append(("teacher AUC on day_1",
+                     f"{teacher:.4f}  (the model recovers {recovered:.0%} of the teacher's AUC above chance)"))
     if summary.get("repository"):
-        print(f"Triton repository:    {summary['repository']}")
+        rows.append(("Triton repository", summary["repository"]))
+    base, run_id, experiment = ui_base(summary["tracking_uri"]), summary.get("mlflow_run_id"), summary.get("experiment_id")
     if summary.get("registered_version"):
-        print(f"registered model:     {summary['model_name']} version {summary['registered_version']} "
-              f"(alias candidate)")
-    run_id = summary.get("mlflow_run_id")
-    if run_id:
-        print(f"MLflow run:           {run_id} (experiment {summary['experiment']}, {summary['tracking_uri']})")
-        if summary["tracking_uri"].startswith("sqlite:"):
-            print(f"open it with:         mlflow ui --backend-store-uri {summary['tracking_uri']}")
-            print(f"                      then http://127.0.0.1:5000/#/experiments/"
-                  f"{summary.get('experiment_id', '')}/runs/{run_id}")
-    print(f"wall time:            {summary['wall_seconds']:.0f} s")
+        version = f"{summary['model_name']} version {summary['registered_version']}"
+        rows.append(("registered model", f"{version} (alias candidate)"))
+    if run_id and base and experiment:
+        rows.append(("MLflow run", f"{run_id} (experiment {summary['experiment']}, {summary['tracking_uri']})"))
+        command = ui_command(summary["tracking_uri"])
+        if command:
+            rows.append(("open the MLflow UI", command))
+        rows += [("then the pipeline run", run_link(experiment, run_id, base)),
+                 ("all runs", experiment_link(experiment, base))]
+        if summary.get("registered_version"):
+            rows.append(("the model", model_link(summary["model_name"], summary["registered_version"], base)))
+    rows.append(("wall time", f"{summary['wall_seconds']:.0f} s"))
+    width = max(len(label) for label, _ in rows) + 1
+    return [f"{label + ':':<{width}} {value}" for label, value in rows]

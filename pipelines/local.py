@@ -13,9 +13,7 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import Any
-
-from ctrflow_pipelines.pipeline import PIPELINE_NAME, ctrflow_pipeline
+from typing import Any, Iterator
 
 
 def absolute_tracking_uri(uri: str) -> str:
@@ -53,20 +51,52 @@ class TaskProgress(io.TextIOBase):
 
 
 def run_local(pipeline_root: str | os.PathLike, arguments: dict[str, Any],
-              log_file: str | os.PathLike | None = None) -> Path:
-    """Run the pipeline with `arguments` (pipeline parameter values) under `pipeline_root`;
-    returns the run's output folder. With `log_file`, the tasks' logs go there and the console
-    shows one line per task start and end. Raises RuntimeError naming the failed task."""
+              log_file: str | os.PathLike | None = None, pipeline: str = "ctrflow", append: bool = False) -> Path:
+    """Run `pipeline` ("ctrflow" or "daily") with `arguments` (its parameter values) under
+    `pipeline_root`; returns the run's output folder. With `log_file`, the tasks' logs go there (after
+    what it holds with `append`) and the console shows one line per task start and end. Raises RuntimeError naming the failed task."""
     if log_file is None:
-        return _run(pipeline_root, arguments)
+        return _run(pipeline_root, arguments, pipeline)
     import sys
 
-    with open(log_file, "w") as log, contextlib.redirect_stdout(TaskProgress(log, sys.stdout)):
-        return _run(pipeline_root, arguments)
+    with open(log_file, "a" if append else "w") as log, contextlib.redirect_stdout(TaskProgress(log, sys.stdout)):
+        return _run(pipeline_root, arguments, pipeline)
 
 
-def _run(pipeline_root: str | os.PathLike, arguments: dict[str, Any]) -> Path:
+def run_days(pipeline_root: str | os.PathLike, arguments: dict[str, Any], days: list[str] | None,
+             log_file: str | os.PathLike | None = None) -> Iterator[dict[str, Any]]:
+    """The daily pipeline once per pattern of `days` (its `day_files`; None: once, as `arguments` say),
+    in order, each day starting from the state the one before recorded; yields each day's headline."""
+    from ctrflow.daily import DailyState
+    from ctrflow.errors import UserError
+
+    if not arguments.get("state") or not arguments.get("raw_dir"):
+        raise UserError("the daily pipeline needs --state DIR (the loop's state) and --raw-dir DIR (the days' files)")
+    state_dir = arguments["state"] if "://" in arguments["state"] else str(Path(arguments["state"]).resolve())
+    for k, pattern in enumerate(days or [arguments.get("day_files")]):
+        given = {**arguments, "state": state_dir, **({"day_files": pattern} if pattern is not None else {})}
+        run_dir = run_local(pipeline_root, given, log_file=log_file, pipeline="daily", append=k > 0)
+        state = DailyState.load(state_dir)
+        yield {"day_files": pattern, "run_dir": str(run_dir), "day": state.day,
+               **(state.history[-1] if state.history else {})}
+
+
+def _run(pipeline_root: str | os.PathLike, arguments: dict[str, Any], pipeline: str = "ctrflow") -> Path:
+    import builtins
+
+    printing = builtins.print
+    try:
+        return _run_pipeline(pipeline_root, arguments, pipeline)
+    finally:
+        # KFP's runner indents task output by swapping `print` for a wrapper and back, per task; tasks
+        # in parallel threads restore each other's wrappers, leaving a print that indents everything after
+        builtins.print = printing
+
+
+def _run_pipeline(pipeline_root: str | os.PathLike, arguments: dict[str, Any], pipeline: str) -> Path:
     import kfp.local
+
+    from ctrflow_pipelines.compile import pipeline_function
 
     root = Path(pipeline_root).resolve()
     root.mkdir(parents=True, exist_ok=True)
@@ -77,8 +107,9 @@ def _run(pipeline_root: str | os.PathLike, arguments: dict[str, Any]) -> Path:
     with warnings.catch_warnings():
         # expected here: the image, display names and GPU requests only matter on a cluster
         warnings.filterwarnings("ignore", message=".*(have no effect in the current local runner|base image)")
-        ctrflow_pipeline(**arguments)
-    created = sorted(p for p in set(root.iterdir()) - before if p.name.startswith(PIPELINE_NAME))
+        function = pipeline_function(pipeline)
+        function(**arguments)
+    created = sorted(p for p in set(root.iterdir()) - before if p.name.startswith(function.name))
     return created[-1]
 
 

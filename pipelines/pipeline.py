@@ -11,6 +11,10 @@ One graph for every setting:
 - One train task for 0..N GPUs: the accelerator limit is the `num_gpus` parameter and the type is
   decided at run time (`accelerator_type`: "" on CPU, so the pod asks for no GPU at all); more than
   one GPU runs torchrun, with a memory-backed /dev/shm for its workers.
+- Optional tuning before it (`tune_trials` > 0): one `tune` task runs the whole Optuna study,
+  `tune_parallel` trials at a time on the train task's resources, and hands its best.yaml to the
+  train task, which trains that config. With `tune_trials` 0 the task returns at once and the train
+  task uses its flags (docs/tuning.md says why one task rather than a task per trial).
 
 MLflow: `start_run` opens one parent run, every step logs a child run under it and `finish_run` in
 the exit handler closes it. The data tasks take no run-specific inputs so that KFP caching reuses
@@ -20,11 +24,14 @@ them across runs; `track_data` (never cached) logs their child runs from their o
 from kfp import dsl, kubernetes
 
 from ctrflow_components import (accelerator_type, count_values, evaluate, export, finalize_data, finish_run,
-                                merge_counts, start_run, track_data, train, transform_file)
+                                merge_counts, start_run, track_data, train, transform_file, tune)
 from ctrflow_components import raw_data as fetch_raw_data  # the pipeline parameter `raw_data` shadows the name
 
 PIPELINE_NAME = "ctrflow"
 SHM_SIZE = "16Gi"  # torchrun workers and DataLoader workers share tensors through /dev/shm
+# the search space file's text: the ranges of Merlin-on-Vertex's DeepFM tuning job, widened, and the embedding size
+TUNE_SPACE = ("{lr: {low: 0.0003, high: 0.01, log: true}, sparse_lr: {low: 0.003, high: 0.1, log: true}, "
+              "embedding_dim: {choices: [8, 16, 32]}, dropout: {choices: [0.0, 0.2, 0.4]}}")
 
 
 def add_preprocessing(raw, files, freq_threshold, seed):
@@ -40,15 +47,25 @@ def add_preprocessing(raw, files, freq_threshold, seed):
                          parts=dsl.Collected(parts.outputs["parts"])).set_display_name("preprocess")
 
 
-def add_training(data, settings: dict, num_gpus, gpu_type, tracking: dict):
-    """Add the train task on `num_gpus` GPUs (0: CPU) with its shared-memory volume; returns it."""
-    kind = accelerator_type(num_gpus=num_gpus, gpu_type=gpu_type).set_display_name("accelerator")
-    trained = train(data=data, num_gpus=num_gpus, **settings, **tracking).set_display_name("train")
+def request_gpus(task, kind, num_gpus):
+    """Give `task` `num_gpus` GPUs of the type `kind` (an `accelerator_type` task) and a memory-backed /dev/shm."""
     # the compiler does not count an output used only in resources as a dependency
-    trained.set_accelerator_type(kind.output).set_accelerator_limit(num_gpus).after(kind)
-    kubernetes.empty_dir_mount(trained, volume_name="dshm", mount_path="/dev/shm", medium="Memory",
-                               size_limit=SHM_SIZE)
-    return trained
+    task.set_accelerator_type(kind.output).set_accelerator_limit(num_gpus).after(kind)
+    kubernetes.empty_dir_mount(task, volume_name="dshm", mount_path="/dev/shm", medium="Memory", size_limit=SHM_SIZE)
+    return task
+
+
+def add_training(data, settings: dict, num_gpus, gpu_type, tracking: dict, tuning: dict | None = None):
+    """Add the train task on `num_gpus` GPUs (0: CPU); with `tuning` (the tune task's trials, parallel
+    and space), the tune task before it on the same resources, whose best config it trains (the tune
+    task is a no-op at 0 trials). Returns the train task."""
+    kind = accelerator_type(num_gpus=num_gpus, gpu_type=gpu_type).set_display_name("accelerator")
+    tuned = {}
+    if tuning is not None:
+        task = request_gpus(tune(data=data, **tuning, **settings, **tracking).set_display_name("tune"), kind, num_gpus)
+        tuned = {"config": task.outputs["Output"]}
+    trained = train(data=data, num_gpus=num_gpus, **tuned, **settings, **tracking)
+    return request_gpus(trained.set_display_name("train"), kind, num_gpus)
 
 
 @dsl.pipeline(name=PIPELINE_NAME, description="CTR on any described dataset: preprocess, train, evaluate, "
@@ -70,6 +87,9 @@ def ctrflow_pipeline(
     learning_rate: float = 0.0,
     max_steps: int = 0,
     num_gpus: int = 0,
+    tune_trials: int = 0,
+    tune_parallel: int = 2,
+    tune_space: str = TUNE_SPACE,
     model_name: str = "ctr",
     export_backend: str = "onnxruntime",
     gpu_type: str = "nvidia.com/gpu",
@@ -84,6 +104,9 @@ def ctrflow_pipeline(
     freq_threshold: occurrences a value needs for its own id (0: the description's default).
     batch_size, embedding_dim, learning_rate, max_steps: 0 keeps the train step's default. num_gpus: GPUs of the train task (0: CPU; more than 1: torchrun); gpu_type: their
     resource name (`nvidia.com/gpu` on Kubernetes, e.g. `NVIDIA_H100_80GB` on Vertex AI).
+    tune_trials: trials of the tuning stage before training (0: no tuning), `tune_parallel` at a
+    time, over `tune_space` (a search space file's YAML text, freq_threshold excepted); the other
+    train settings are every trial's base.
     mlflow_tracking_uri: "" means the image's $MLFLOW_TRACKING_URI, else a SQLite file in the
     task's working directory; "none": no tracking."""
     kfp_run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
@@ -98,7 +121,8 @@ def ctrflow_pipeline(
                     "seed": seed, "freq_threshold": freq_threshold, "model": model, "epochs": epochs,
                     "batch_size": batch_size, "embedding_dim": embedding_dim,
                     "learning_rate": learning_rate, "max_steps": max_steps, "num_gpus": num_gpus,
-                    "model_name": model_name, "export_backend": export_backend, "gpu_type": gpu_type},
+                    "tune_trials": tune_trials, "tune_parallel": tune_parallel, "model_name": model_name,
+                    "export_backend": export_backend, "gpu_type": gpu_type},
         ).set_display_name("open MLflow run").set_caching_options(False)
         tracking = {"tracking_uri": mlflow_tracking_uri, "experiment": mlflow_experiment,
                     "parent_run_id": opening.output, "kfp_run_id": kfp_run_id}
@@ -109,7 +133,8 @@ def ctrflow_pipeline(
         track_data(raw=raw.outputs["raw"], data=data, **tracking).set_display_name("track data").set_caching_options(False)
         settings = {"model": model, "epochs": epochs, "batch_size": batch_size, "embedding_dim": embedding_dim,
                     "learning_rate": learning_rate, "max_steps": max_steps, "seed": seed}
-        checkpoint = add_training(data, settings, num_gpus, gpu_type, tracking).outputs["checkpoint"]
+        tuning = {"trials": tune_trials, "parallel": tune_parallel, "space": tune_space}
+        checkpoint = add_training(data, settings, num_gpus, gpu_type, tracking, tuning).outputs["checkpoint"]
         scored = evaluate(data=data, checkpoint=checkpoint, **tracking).set_display_name("evaluate")
         export(data=data, checkpoint=checkpoint, report=scored.outputs["report"], name=model_name,
                backend=export_backend, **tracking).set_display_name("export")

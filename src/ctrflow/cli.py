@@ -10,6 +10,7 @@ with `HELP`, `configure` and `run`): the KFP pipeline package registers `ctrflow
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
 import sys
 from types import ModuleType
@@ -21,6 +22,7 @@ COMMANDS = {
     "synth": "write synthetic Criteo-format day files",
     "preprocess": "raw Criteo TSV -> Parquet + schema + vocabularies",
     "train": "train DLRM / DCNv2 / DeepFM / Wide&Deep",
+    "tune": "search hyperparameters: an Optuna study of ctrflow train runs",
     "evaluate": "exact AUC, logloss, calibration, plots",
     "export": "write a Triton model repository",
     "predict": "score raw rows with a checkpoint",
@@ -53,9 +55,40 @@ def command_module(name: str) -> ModuleType:
     return installed_commands()[name]
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """`--help` shows every option's default: "(default: X)" after its help, unless the help
+    already says it; flags (off unless given), required options and positionals show none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or not shows_default(action):
+            return text
+        return f"{text} (default: {'none' if action.default is None else '%(default)s'})".lstrip()
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if not action.help and shows_default(action):  # argparse prints nothing for an option without help
+            action = copy.copy(action)
+            action.help = self._get_help_string(action)
+        return super()._format_action(action)
+
+
+def shows_default(action: argparse.Action) -> bool:
+    """Whether `--help` states `action`'s default (an optional, non-flag, not required option)."""
+    return (bool(action.option_strings) and not action.required and action.nargs != 0
+            and action.default is not argparse.SUPPRESS)
+
+
+class Parser(argparse.ArgumentParser):
+    """`ctrflow`'s parsers, sub-commands' included: help entries show defaults."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     """The `ctrflow` parser for `argv`: every command listed, only the chosen one's flags configured."""
-    parser = argparse.ArgumentParser(prog="ctrflow", description=__doc__.splitlines()[0])
+    parser = Parser(prog="ctrflow", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"ctrflow {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="<step>", required=True)
     chosen = next((a for a in argv if not a.startswith("-")), None)
@@ -81,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     module = command_module(args.command)
     try:
         return int(module.run(args) or 0)
-    except UserError as err:
-        print(f"ctrflow {args.command}: error: {err}", file=sys.stderr)
-        return 2
+    except UserError as err:  # one line; a stopped run has its own label and exit code (130, 143)
+        if not getattr(err, "quiet", False):
+            print(f"ctrflow {args.command}: {getattr(err, 'label', 'error')}: {err}", file=sys.stderr)
+        return getattr(err, "exit_code", 2)

@@ -106,6 +106,10 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     threads: int | None = None  # torch intra-op threads on the CPU; None: torch's default
     resume: str | None = None
+    # warm start: a checkpoint's weights and optimizer state, tables grown to this data's vocabularies
+    # (`ctrflow.train.warm_start`); a fresh position and schedule. --resume wins when both are given.
+    init_from: str | None = None
+    overwrite: bool = False  # --out holds a run and resume is None: remove that run first (else refuse)
     sharding: str = "auto"  # with N processes: auto | table | row | column | data for every table
     plan: str | None = None  # JSON sharding plan file: per-table choices over `sharding`
     deterministic: bool = False
@@ -115,7 +119,6 @@ class TrainConfig:
     cuda_graphs: str = "auto"  # auto (the step as one CUDA graph where capturable: ctrflow.train.graphs) | off
     compile: str = "auto"  # auto (torch.compile the dense head, DCNv2, on CUDA with fused tables) | off
     progress: bool = True  # tqdm bar when stderr is a terminal
-    overwrite: bool = False  # train into an `out` that already holds a run (else refused)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (JSON-ready)."""

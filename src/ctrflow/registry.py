@@ -1,11 +1,10 @@
-"""The MLflow model registry: a pyfunc that scores raw rows, and the AUC gate that moves `champion`.
+"""The MLflow model registry: a pyfunc that scores raw rows (the AUC gate is `ctrflow.promotion`).
 
 Each export registers a model version whose artifact is an MLflow pyfunc model (`log_pyfunc`): it
 scores a DataFrame of raw rows (one string column per raw column the dataset description names as
 a feature) with the same code the Triton python models run, and carries the Triton repository
-under `artifacts/triton/`. The export points the `candidate` alias at
-it; `promote` moves `champion` to the candidate only when the candidate's AUC is at least the
-champion's.
+under `artifacts/triton/`. The export points the `candidate` alias at it; `ctrflow promote`
+(`ctrflow.promotion`) moves `champion` to it when it passes the AUC gate.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import contextlib
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,6 @@ import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 from mlflow import MlflowClient
-from mlflow.exceptions import MlflowException
 
 from ctrflow.errors import UserError
 from ctrflow.serve import raw_inputs
@@ -34,6 +31,8 @@ CHECKPOINT = "checkpoint"  # names of the pyfunc's artifacts
 VOCABULARY = "vocabulary"
 TRITON = "triton"
 PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+PYFUNC_CODE = Path(__file__).with_name("registry_pyfunc.py")  # the model's code, copied into each model
+CHANCE = 0.5  # the AUC of random scores: a candidate must beat it
 
 
 class RawRowsModel(mlflow.pyfunc.PythonModel):
@@ -83,6 +82,11 @@ def raw_strings(column: pd.Series, separator: str = "|") -> list[str]:
     return [text(v) for v in column.tolist()]
 
 
+def raw_example(schema) -> pd.DataFrame:
+    """The pyfunc's input example: one row with every raw column of `schema` missing (a valid request)."""
+    return pd.DataFrame({name: [""] for name in raw_inputs(schema)})
+
+
 def raw_signature(schema):
     """The pyfunc's signature: one string column per raw column of `schema` in, `probability` out."""
     from mlflow.models import ModelSignature
@@ -111,7 +115,9 @@ def save_pyfunc(checkpoint: str | os.PathLike, data: str | os.PathLike, out: str
         if repository is not None:  # MLflow names an artifact's folder after its path: stage it as triton/
             artifacts[TRITON] = shutil.copytree(repository, Path(tmp) / TRITON)
         mlflow.pyfunc.save_model(
-            path=str(out), python_model=RawRowsModel(), signature=raw_signature(schema),
+            # models-from-code: the class is imported on load, never unpickled
+            path=str(out), python_model=str(PYFUNC_CODE), signature=raw_signature(schema),
+            input_example=raw_example(schema),
             artifacts={k: str(v) for k, v in artifacts.items()},
             # explicit: inferring them would load the model in a subprocess; ctrflow itself comes
             # from the serving or training image (it is not on PyPI)
@@ -162,123 +168,3 @@ def log_pyfunc(tracker_or_client, checkpoint: str | os.PathLike, data: str | os.
         else:
             tracker_or_client.log_artifact(model_dir, artifact_path)
     return artifact_path
-
-
-@dataclass(frozen=True)
-class Promotion:
-    """The AUC gate's verdict on one registered model."""
-
-    model: str
-    promoted: bool
-    candidate_version: str
-    candidate_auc: float | None
-    champion_version: str | None  # the champion before the decision
-    champion_auc: float | None
-    reason: str
-
-
-def alias_version(client: MlflowClient, name: str, alias: str):
-    """The model version `alias` points at, or None when the alias is not set."""
-    try:
-        return client.get_model_version_by_alias(name, alias)
-    except MlflowException as err:
-        if err.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
-            return None
-        raise
-
-
-def recorded_auc(client: MlflowClient, version) -> float | None:
-    """The AUC recorded for a version: its `auc` tag, its run's `auc` metric, else the `auc` of
-    the evaluate step of the same pipeline run (a sibling run); None when nothing was recorded."""
-    if "auc" in version.tags:
-        return float(version.tags["auc"])
-    if not version.run_id:
-        return None
-    run = client.get_run(version.run_id)
-    if "auc" in run.data.metrics:
-        return run.data.metrics["auc"]
-    parent = run.data.tags.get("mlflow.parentRunId")
-    if not parent:
-        return None
-    siblings = client.search_runs(
-        [run.info.experiment_id],
-        f"tags.`mlflow.parentRunId` = '{parent}' and tags.`ctrflow.step` = 'evaluate'",
-        order_by=["attributes.start_time DESC"], max_results=5)
-    found = [r.data.metrics["auc"] for r in siblings if "auc" in r.data.metrics]
-    return found[0] if found else None
-
-
-def recomputed_auc(client: MlflowClient, tracking_uri: str, name: str, version,
-                   data: str | os.PathLike, split: str) -> float:
-    """AUC of a version's model on `data/split`, from the checkpoint inside its pyfunc artifact."""
-    from mlflow.artifacts import download_artifacts
-
-    from ctrflow.loaders.memory import ParquetDataset
-    from ctrflow.schema import Schema
-    from ctrflow.evaluate.metrics import auc
-    from ctrflow.predict import score_logits
-    from ctrflow.serve.ranking import load_ranking_model
-    from ctrflow.checkpoint import check_schema
-
-    source = client.get_model_version_download_uri(name, version.version).rstrip("/")
-    with tempfile.TemporaryDirectory(prefix="ctrflow-promote-") as tmp, quiet_artifact_transfers():
-        try:
-            local = download_artifacts(artifact_uri=f"{source}/artifacts/{CHECKPOINT}", dst_path=tmp,
-                                       tracking_uri=tracking_uri)
-        except (MlflowException, OSError) as err:
-            raise UserError(f"model {name} version {version.version}: no checkpoint in its artifact "
-                            f"{source} (not logged by log_pyfunc?): {err}") from None
-        schema = Schema.load(local)
-        check_schema(schema, Schema.load(data), f"{data}/schema.json (model {name} version {version.version})")
-        ranking = load_ranking_model(local)
-    dataset = ParquetDataset(data, split, schema.table_sizes())
-    return auc(dataset.labels, score_logits(ranking.model, dataset.dense, dataset.sparse))
-
-
-def version_auc(client: MlflowClient, tracking_uri: str, name: str, version,
-                data: str | os.PathLike | None, split: str) -> float:
-    """Recomputed on `data/split` when given (both versions on the same rows), else as recorded."""
-    if data is not None:
-        return recomputed_auc(client, tracking_uri, name, version, data, split)
-    value = recorded_auc(client, version)
-    if value is None:
-        raise UserError(f"model {name} version {version.version}: no AUC recorded (no `auc` version "
-                        f"tag, run metric or evaluate step); pass --data DIR to recompute it")
-    return value
-
-
-def promote(name: str, tracking_uri: str, data: str | os.PathLike | None = None,
-            split: str = "valid") -> Promotion:
-    """Move `champion` to the `candidate` version when its AUC >= the champion's (no champion yet:
-    promote); otherwise leave the aliases alone. The verdict says why, with both AUCs."""
-    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
-    try:
-        client.get_registered_model(name)
-    except MlflowException:
-        raise UserError(f"model {name}: not in the registry at {tracking_uri}") from None
-    candidate = alias_version(client, name, CANDIDATE)
-    if candidate is None:
-        raise UserError(f"model {name}: no version has the '{CANDIDATE}' alias (`ctrflow export` sets it)")
-    champion = alias_version(client, name, CHAMPION)
-    verdict = dict(model=name, candidate_version=str(candidate.version),
-                   champion_version=None if champion is None else str(champion.version))
-    if champion is not None and champion.version == candidate.version:
-        return Promotion(promoted=False, candidate_auc=None, champion_auc=None, **verdict,
-                         reason=f"version {candidate.version} is already the champion")
-    candidate_auc = version_auc(client, tracking_uri, name, candidate, data, split)
-    champion_auc = None if champion is None else version_auc(client, tracking_uri, name, champion, data, split)
-    where = f" on {data}/{split}" if data is not None else ""
-    if champion_auc is None:
-        reason = f"no champion yet; candidate version {candidate.version} AUC {candidate_auc:.6f}{where}"
-    elif candidate_auc >= champion_auc:
-        reason = (f"candidate version {candidate.version} AUC {candidate_auc:.6f} >= champion version "
-                  f"{champion.version} AUC {champion_auc:.6f}{where}")
-    else:
-        reason = (f"candidate version {candidate.version} AUC {candidate_auc:.6f} < champion version "
-                  f"{champion.version} AUC {champion_auc:.6f}{where}")
-        return Promotion(promoted=False, candidate_auc=candidate_auc, champion_auc=champion_auc,
-                         **verdict, reason=reason)
-    client.set_registered_model_alias(name, CHAMPION, candidate.version)
-    client.set_model_version_tag(name, candidate.version, "ctrflow.promotion", reason)
-    return Promotion(promoted=True, candidate_auc=candidate_auc, champion_auc=champion_auc,
-                     **verdict, reason=reason)

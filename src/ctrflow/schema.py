@@ -35,6 +35,9 @@ class Schema:
     features: Features | None = None  # None: read off `columns` and `cardinalities` (one-hot, log1p)
     dataset: dict[str, Any] = field(default_factory=dict)  # the dataset description preprocess was given
     label_rate: float | None = None  # mean label of the training split (a model's starting bias)
+    # `--vocab-from`: the processed data whose vocabularies these extend ({vocab_hash, path, cardinalities});
+    # None (not written) for vocabularies made from scratch
+    parent: dict[str, Any] | None = None
     version: int = 2
 
     def __post_init__(self) -> None:
@@ -50,6 +53,8 @@ class Schema:
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
         raw = {**asdict(self), "features": self.features.to_json()}
+        if raw["parent"] is None:  # schemas without a parent read as before
+            del raw["parent"]
         tmp.write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
         os.replace(tmp, path)
 
@@ -77,19 +82,43 @@ class Schema:
 
     def differences(self, other: "Schema") -> list[str]:
         """Human-readable differences that make two datasets incompatible for one model."""
-        diffs = []
-        mine, theirs = self.features, other.features
-        if [f.name for f in mine.dense] != [f.name for f in theirs.dense]:
-            diffs.append(f"dense features {[f.name for f in mine.dense]} != {[f.name for f in theirs.dense]}")
-        if [f.name for f in mine.sparse] != [f.name for f in theirs.sparse]:
-            diffs.append(f"sparse features {[f.name for f in mine.sparse]} != {[f.name for f in theirs.sparse]}")
-        for a, b in zip(mine.sparse, theirs.sparse):
-            if a.name == b.name and a != b:
-                what = [k for k in ("kind", "cardinality", "max_length", "pooling") if getattr(a, k) != getattr(b, k)]
-                diffs.extend(f"{a.name} {k} {getattr(a, k)} != {getattr(b, k)}" for k in what)
+        diffs = feature_differences(self.features, other.features, cardinality=True,
+                                    sides=("trained on", "in the data"))
         if self.vocab_hash != other.vocab_hash:
             diffs.append(f"vocab_hash {self.vocab_hash[:12]} != {other.vocab_hash[:12]}")
         return diffs
+
+
+def feature_differences(mine: Features, theirs: Features, cardinality: bool = False,
+                        sides: tuple[str, str] = ("there", "here")) -> list[str]:
+    """Human-readable differences between two feature sets: names, kinds, dense transforms, max lengths,
+    poolings (and the cardinalities if `cardinality`; vocabularies that grow day by day differ only there).
+    `sides` name the two sets in the messages."""
+    diffs = [_names_differ(kind, [f.name for f in getattr(mine, kind)], [f.name for f in getattr(theirs, kind)],
+                           sides) for kind in ("dense", "sparse")]
+    diffs = [d for d in diffs if d]
+    diffs.extend(f"{a.name} transform {a.transform} != {b.transform}" for a, b in zip(mine.dense, theirs.dense)
+                 if a.name == b.name and a.transform != b.transform)
+    keys = ("kind", "cardinality", "max_length", "pooling") if cardinality else ("kind", "max_length", "pooling")
+    for a, b in zip(mine.sparse, theirs.sparse):
+        if a.name == b.name and a != b:
+            diffs.extend(f"{a.name} {k} {getattr(a, k)} != {getattr(b, k)}" for k in keys
+                         if getattr(a, k) != getattr(b, k))
+    return diffs
+
+
+def _names_differ(kind: str, mine: list[str], theirs: list[str], sides: tuple[str, str]) -> str:
+    """"" when equal; else the names only one side has (or the order), a few of each."""
+    if mine == theirs:
+        return ""
+    if set(mine) == set(theirs):
+        return f"{kind} features in another order ({', '.join(mine[:8])} != {', '.join(theirs[:8])})"
+
+    def few(names: list[str]) -> str:
+        return ", ".join(names[:4]) + (f" (+{len(names) - 4} more)" if len(names) > 4 else "") if names else "none"
+
+    return (f"{kind} features differ: only {sides[0]} {few([n for n in mine if n not in theirs])}; "
+            f"only {sides[1]} {few([n for n in theirs if n not in mine])}")
 
 
 def parquet_columns(features: Features) -> dict[str, str]:

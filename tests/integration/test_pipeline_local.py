@@ -128,7 +128,7 @@ def test_movielens_like_dataset_runs_through_the_whole_pipeline(tmp_path):
     to a Triton ensemble whose inputs are the description's columns (tracking off)."""
     import os
 
-    from pipelines.local import run_local, summarize_local_run
+    from ctrflow_pipelines.local import run_local, summarize_local_run
     from ctrflow.schema import Schema
 
     arguments = {"dataset": "movielens-like", "synth_rows": 3000, "synth_days": 2, "seed": 5, "batch_size": 256,

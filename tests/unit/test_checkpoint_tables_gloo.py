@@ -6,7 +6,6 @@ one-hot tables."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import weakref
 
@@ -18,19 +17,16 @@ import torch.multiprocessing as mp
 
 import ctrflow.embedding.fused.sharded_state as fused_state
 import ctrflow.embedding.sharded as sharded
-from ctrflow.embedding.collection import deferred_tables
 from ctrflow.embedding.tables import tables_for
 from ctrflow.errors import UserError
 from ctrflow.features import Feature, Features
 from ctrflow.models import build_model
 from ctrflow.checkpoint import restore_checkpoint, save_checkpoint
 from ctrflow.schema import Schema
-from ctrflow.train.build import build as build_run, plan_run
 from ctrflow.train.distributed import Runtime
-from ctrflow.train.fused import FusedTables
 from ctrflow.train.optim import build_optimizers
 from tests.fixtures.bags import bag_batches
-from tests.fixtures.checkpoint import SCHEMA, assert_same, config, snapshot, train_steps
+from tests.fixtures.checkpoint import SCHEMA, assert_same, build_sharded, config, snapshot, train_steps
 
 BAG_FEATURES = Features(dense=(Feature("I1", "dense", transform="log1p"), Feature("I2", "dense", transform="none")),
                         sparse=(Feature("C1", "categorical", 20), Feature("G", "multi_hot", 30, 4, "sum"),
@@ -41,19 +37,6 @@ BAG_SCHEMA = Schema(cardinalities=BAG_FEATURES.cardinalities(), features=BAG_FEA
 CASES = {"plain": ("lazy_adam", False, "row", "column", SCHEMA), "fused": ("adagrad", True, "row", "table", SCHEMA),
          "bags-plain": ("adagrad", False, "column", "row", BAG_SCHEMA),
          "bags-fused": ("lazy_adam", True, "row", "table", BAG_SCHEMA)}
-
-
-def build_sharded(cfg, runtime, fused: bool, sharding: str, seed: int = 0, schema=SCHEMA):
-    """What `ctrflow train` builds under torchrun (`ctrflow.train.build`): tables drawn shard by shard,
-    dense part under DDP."""
-    cfg = dataclasses.replace(cfg, sharding=sharding, embedding="fused" if fused else "plain")
-    with deferred_tables():
-        model = build_model("dlrm", schema, cfg.model.embedding_dim, seed=seed, **cfg.model.arch_kwargs())
-    plan = plan_run(cfg, runtime, model)
-    assert plan.dense_sync == "ddp" and plan.embedding == ("fused" if fused else "plain")
-    built = build_run(model, plan, runtime)
-    tables = FusedTables(built.fused, cfg.optim.sparse) if fused else None
-    return built.model, build_optimizers(built.model, cfg.optim, tables)
 
 
 class GatherLog:

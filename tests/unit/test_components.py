@@ -189,3 +189,26 @@ def test_track_data_logs_synth_and_preprocess_child_runs(chain, tmp_path):
     assert by_step["preprocess"].data.tags["vocab_hash"] == chain["data"].metadata["vocab_hash"]
     assert by_step["synth"].data.metrics["teacher_auc_day_1"] == chain["raw"].metadata["teacher_auc"]["day_1"]
     assert all(r.data.tags["kfp.run_id"] == "kfp-1" for r in runs)
+
+
+def test_the_daily_preprocessing_grows_the_previous_vocabularies(tmp_path):
+    """`preprocess_day` on two days' files of `raw_data`: the second against the first's output, with
+    a quarter of each day held out; an empty state gives the first day no inputs."""
+    days = [artifact(dsl.Dataset, tmp_path, f"raw{k}") for k in range(2)]
+    source = tmp_path / "logs"
+    components.raw_data.python_func(source="", train_files="day_*", valid_files="", raw=days[0], synth_rows=1500,
+                                    synth_days=2, seed=2)
+    Path(days[0].path).rename(source)
+    first = components.day_inputs.python_func(state=str(tmp_path / "state"), day_files="day_0.*")
+    assert (first.day_files, first.vocab_from, first.init_from, first.base) == ("day_0.*", "", "", "")
+    data = [artifact(dsl.Dataset, tmp_path, f"data{k}") for k in range(2)]
+    for k in range(2):
+        files = components.raw_data.python_func(source=str(source), train_files=f"day_{k}.*", valid_files="",
+                                                raw=days[k], valid_fraction=0.25)
+        components.preprocess_day.python_func(raw=days[k], files=files, data=data[k],
+                                              vocab_from=data[0].path if k else "", freq_threshold=2)
+    before, after = Schema.load(data[0].path), Schema.load(data[1].path)
+    assert before.parent is None and after.parent["vocab_hash"] == before.vocab_hash
+    assert data[1].metadata["parent"] == before.vocab_hash
+    assert all(after.cardinalities[k] >= n for k, n in before.cardinalities.items())
+    assert 250 <= after.rows["valid"] <= 500 and after.rows["train"] + after.rows["valid"] == 1500

@@ -18,7 +18,7 @@ from ctrflow.errors import UserError
 pytest.importorskip("kfp")
 
 from ctrflow_pipelines.cli import parameter_values  # noqa: E402
-from ctrflow_pipelines.compile import COMMITTED, compile_pipeline  # noqa: E402
+from ctrflow_pipelines.compile import COMMITTED, DAILY_COMMITTED, compile_pipeline  # noqa: E402
 from ctrflow_pipelines.submit import submit_kfp, submit_vertex  # noqa: E402
 
 
@@ -27,10 +27,37 @@ def compiled(tmp_path_factory) -> Path:
     return compile_pipeline(tmp_path_factory.mktemp("ir") / "pipeline.yaml")
 
 
+@pytest.fixture(scope="module")
+def daily(tmp_path_factory) -> Path:
+    return compile_pipeline(tmp_path_factory.mktemp("ir") / "daily_pipeline.yaml", "daily")
+
+
 def test_committed_pipeline_yaml_is_current(compiled):
     assert COMMITTED.exists(), "pipeline.yaml missing: run `ctrflow pipeline compile`"
     assert COMMITTED.read_text() == compiled.read_text(), \
         "pipeline.yaml is stale: run `ctrflow pipeline compile` and commit it"
+
+
+def test_committed_daily_pipeline_yaml_is_current(daily):
+    assert DAILY_COMMITTED.exists(), "daily_pipeline.yaml missing: run `ctrflow pipeline compile`"
+    assert DAILY_COMMITTED.read_text() == daily.read_text(), \
+        "daily_pipeline.yaml is stale: run `ctrflow pipeline compile` and commit it"
+
+
+def test_the_daily_cycle_chains_vocabulary_warm_start_base_and_gate(daily):
+    spec = load_spec(daily)
+    tasks = tasks_of(spec)
+    inputs = {name: task["inputs"]["parameters"] for name, task in tasks.items() if "parameters" in task.get("inputs", {})}
+    from_state = {"preprocess-day": "vocab_from", "train": "init_from", "export": "base"}
+    for task, parameter in from_state.items():
+        assert inputs[task][parameter]["taskOutputParameter"] == {"outputParameterKey": parameter,
+                                                                   "producerTask": "day-inputs"}, task
+    assert inputs["raw-data"]["train_files"]["taskOutputParameter"]["producerTask"] == "day-inputs"
+    assert inputs["day-inputs"]["days_back"] == {"componentInputParameter": "pipelinechannel--days_back"}
+    assert {"export", "preprocess-day", "train"} <= set(tasks["promote-day"]["dependentTasks"])
+    assert tasks["promote-day"]["inputs"]["parameters"]["min_gain"] == {"componentInputParameter": "pipelinechannel--min_gain"}
+    for name in ("day-inputs", "raw-data", "preprocess-day", "train", "evaluate", "export", "promote-day"):
+        assert tasks[name].get("cachingOptions", {}) == {}, name  # never reused: the state changes daily
 
 
 def load_spec(path: Path) -> dict:
@@ -51,17 +78,30 @@ def test_one_train_task_serves_cpu_and_gpus(compiled):
     assert {n for n in executors if n.startswith(("exec-train", "exec-evaluate", "exec-export"))} == {
         "exec-train", "exec-evaluate", "exec-export"}  # no per-branch copies
     requesting = {n for n, ex in executors.items() if "accelerator" in ex["container"].get("resources", {})}
-    assert requesting == {"exec-train"}
-    accelerator = executors["exec-train"]["container"]["resources"]["accelerator"]
-    assert accelerator["resourceCount"] == "{{$.inputs.parameters['pipelinechannel--num_gpus']}}"
-    # the type comes from a task that answers "" on CPU: the KFP driver then sets no GPU limit at all
-    assert accelerator["resourceType"] == "{{$.inputs.parameters['pipelinechannel--accelerator-type-Output']}}"
-    assert "accelerator-type" in tasks_of(spec)["train"]["dependentTasks"]
-    shm = spec["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-train"]["emptyDirMounts"]
-    assert shm == [{"medium": "Memory", "mountPath": "/dev/shm", "sizeLimit": "16Gi", "volumeName": "dshm"}]
+    assert requesting == {"exec-train", "exec-tune"}  # the tuning stage's trials train on the same resources
+    for name in ("train", "tune"):
+        accelerator = executors[f"exec-{name}"]["container"]["resources"]["accelerator"]
+        assert accelerator["resourceCount"] == "{{$.inputs.parameters['pipelinechannel--num_gpus']}}"
+        # the type comes from a task that answers "" on CPU: the KFP driver then sets no GPU limit at all
+        assert accelerator["resourceType"] == "{{$.inputs.parameters['pipelinechannel--accelerator-type-Output']}}"
+        assert "accelerator-type" in tasks_of(spec)[name]["dependentTasks"]
+        shm = spec["platforms"]["kubernetes"]["deploymentSpec"]["executors"][f"exec-{name}"]["emptyDirMounts"]
+        assert shm == [{"medium": "Memory", "mountPath": "/dev/shm", "sizeLimit": "16Gi", "volumeName": "dshm"}]
     assert set(spec["root"]["inputDefinitions"]["parameters"]) >= {
         "raw_data", "dataset", "model", "freq_threshold", "epochs", "batch_size", "num_gpus", "mlflow_tracking_uri",
         "mlflow_experiment"}
+
+
+def test_tuning_stage_hands_its_best_config_to_the_one_train_task(compiled):
+    spec = load_spec(compiled)
+    tasks = tasks_of(spec)
+    params = spec["root"]["inputDefinitions"]["parameters"]
+    assert params["tune_trials"]["defaultValue"] == 0  # optional: off unless asked for
+    assert yaml.safe_load(params["tune_space"]["defaultValue"])["lr"]["log"] is True
+    config = tasks["train"]["inputs"]["parameters"]["config"]["taskOutputParameter"]
+    assert config == {"outputParameterKey": "Output", "producerTask": "tune"}
+    assert tasks["tune"]["inputs"]["artifacts"]["data"] == tasks["train"]["inputs"]["artifacts"]["data"]
+    assert tasks["tune"]["inputs"]["parameters"]["trials"]["componentInputParameter"] == "pipelinechannel--tune_trials"
 
 
 def test_dataset_parameter_reaches_the_raw_data_task(compiled):
@@ -148,6 +188,8 @@ class FakeKfpApi(BaseHTTPRequestHandler):
         elif self.path == "/apis/v2beta1/runs":
             self._reply({"run_id": "run-42", "display_name": body["display_name"],
                          "experiment_id": body.get("experiment_id"), "state": "PENDING"})
+        elif self.path == "/apis/v2beta1/recurringruns":
+            self._reply({**body, "recurring_run_id": "recurring-7", "status": "ENABLED"})
         else:
             self.send_error(404)
 
@@ -180,6 +222,46 @@ def test_submit_posts_compiled_spec_and_parameters(kfp_api):
     assert "exec-train" in pipeline["deploymentSpec"]["executors"]
     assert "exec-train" in platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     assert run["runtime_config"]["parameters"] == {"synth_rows": 1000, "model": "dcnv2"}
+
+
+def test_schedule_creates_a_daily_recurring_run(kfp_api, capsys):
+    from ctrflow.cli import main
+
+    host, received = kfp_api
+    assert main(["pipeline", "schedule", "--cron", "0 3 * * *", "--host", host, "--experiment", "nightly",
+                 "--state", "/mnt/state", "--raw-dir", "gs://logs/days", "--day-files", "{date}/*.tsv",
+                 "--min-gain", "0.001"]) == 0
+    assert "scheduled recurring run recurring-7" in capsys.readouterr().out
+    posted = {path: body for method, path, body in received if method == "POST"}
+    assert posted["/apis/v2beta1/experiments"]["display_name"] == "nightly"
+    recurring = posted["/apis/v2beta1/recurringruns"]
+    assert recurring["trigger"] == {"cron_schedule": {"cron": "0 0 3 * * *"}}  # KFP's cron: seconds first
+    assert recurring["display_name"] == "ctrflow-daily" and recurring["experiment_id"] == "exp-1"
+    assert recurring["mode"] == "ENABLE" and recurring["max_concurrency"] in (1, "1") and recurring["no_catchup"] is True
+    assert recurring["pipeline_spec"]["pipeline_spec"]["pipelineInfo"]["name"] == "ctrflow-daily"
+    assert recurring["runtime_config"]["parameters"] == {"state": "/mnt/state", "raw_dir": "gs://logs/days",
+                                                         "day_files": "{date}/*.tsv", "min_gain": 0.001}
+
+
+def test_schedule_refuses_a_bad_cron_and_flags_of_the_other_pipeline(kfp_api):
+    from ctrflow.cli import main
+
+    host, received = kfp_api
+    assert main(["pipeline", "schedule", "--cron", "0 3 * *", "--host", host, "--state", "s", "--raw-dir", "r"]) == 2
+    assert main(["pipeline", "schedule", "--cron", "0 3 * * *", "--host", host, "--synth-rows", "10"]) == 2
+    assert main(["pipeline", "schedule", "--cron", "0 3 * * *", "--host", host, "--raw-dir", "r"]) == 2  # no --state
+    assert received == []  # refused before any request
+
+
+def test_the_day_files_of_a_scheduled_run_name_the_day_before():
+    from datetime import datetime, timezone
+
+    from ctrflow.daily import resolve_day_files
+
+    at_three = datetime(2026, 11, 26, 3, 0, tzinfo=timezone.utc)
+    assert resolve_day_files("{date}/*.tsv", at_three) == "2026-11-25/*.tsv"  # yesterday's logs, complete
+    assert resolve_day_files("{date}/*.tsv", at_three, days_back=0) == "2026-11-26/*.tsv"
+    assert resolve_day_files("day_3.*", at_three) == "day_3.*"
 
 
 def test_vertex_submit_checks_root_and_names_the_missing_extra():

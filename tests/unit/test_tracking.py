@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import pytest
@@ -57,8 +59,39 @@ def test_finish_pipeline_run_closes_parent_with_step_metrics(store):
     assert finish_pipeline_run(store, "exp2", "kfp-9", "FAILED") == parent_id
     parent = mlflow.MlflowClient(store).get_run(parent_id)
     assert parent.info.status == "FAILED"
-    assert parent.data.metrics == {"evaluate.auc": 0.77, "evaluate.logloss": 0.45}
+    assert parent.data.metrics == {"auc": 0.77, "logloss": 0.45, "evaluate.auc": 0.77, "evaluate.logloss": 0.45}
     assert finish_pipeline_run(store, "exp2", "no-such-run", "FINISHED") is None
+
+
+def test_parent_run_links_its_steps_the_model_and_carries_the_plots(store, tmp_path):
+    client = mlflow.MlflowClient(store)
+    parent_id = start_pipeline_run(store, "exp3", "pipeline", "kfp-5", {})
+    steps = {"parent_run_id": parent_id}
+    (tmp_path / "roc.png").write_bytes(b"\x89PNG plot")
+    with make_tracker(store, "exp3", "evaluate", tags={"ctrflow.step": "evaluate"}, **steps) as evaluated:
+        evaluated.log_metrics({"auc": 0.7512})
+        evaluated.log_artifact(tmp_path / "roc.png", "evaluate")
+    with make_tracker(store, "exp3", "export", tags={"ctrflow.step": "export"}, **steps) as exported:
+        exported.log_artifact(tmp_path / "roc.png", "model")
+        version = exported.register_model("ctr_links", "model")
+
+    finish_pipeline_run(store, "exp3", "kfp-5", "FINISHED")
+
+    parent = client.get_run(parent_id)
+    experiment = parent.info.experiment_id
+    note = parent.data.tags["mlflow.note.content"]
+    view = "?workflowType=machine_learning"
+    evaluate_link = f"#/experiments/{experiment}/runs/{evaluated.run_id}{view}"
+    assert note.splitlines()[0] == (
+        f"**ctrflow pipeline run**: validation AUC 0.7512 ([evaluate]({evaluate_link})), registered model "
+        f"[ctr_links version {version}](#/models/ctr_links/versions/{version}{view}) (alias candidate).")
+    assert f"[export](#/experiments/{experiment}/runs/{exported.run_id}{view})" in note
+    assert parent.data.tags["ctrflow.registered_model"] == f"ctr_links/{version}"
+    assert [a.path for a in client.list_artifacts(parent_id, "evaluate")] == ["evaluate/roc.png"]
+    tags = client.get_experiment(experiment).tags
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
+    assert json.loads(tags["mlflow.sharedViewState.ctrflow-runs"])["selectedColumns"] == ["metrics.`auc`",
+                                                                                         "metrics.`logloss`"]
 
 
 def test_register_model_versions_and_candidate_alias(store, tmp_path):

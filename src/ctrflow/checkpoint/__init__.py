@@ -270,7 +270,7 @@ def restore_checkpoint(path: str | Path, model: nn.Module, optimizers: Optimizer
     """Load weights, optimizer state and RNG into a built model; returns the meta (position).
     `runtime` of N processes (collective: all call it): they split the checksums' reading."""
     step_dir = resolve_checkpoint(path)
-    meta = _read_meta_shared(step_dir, runtime)
+    meta = read_meta_shared(step_dir, runtime)
     # memory-mapped: each process copies only its shards' rows, the page cache is shared between them
     load_model_state(model, read_model_state(step_dir, meta))
     optimizers.load_state_dict(read_optimizer_state(step_dir, meta))
@@ -279,7 +279,7 @@ def restore_checkpoint(path: str | Path, model: nn.Module, optimizers: Optimizer
     return meta
 
 
-def _read_meta_shared(step_dir: Path, runtime: Runtime | None) -> dict[str, Any]:
+def read_meta_shared(step_dir: Path, runtime: Runtime | None) -> dict[str, Any]:
     """`read_meta` with the files' checks split among the processes: each reads its share once,
     instead of every process reading the whole checkpoint (hundreds of GB at the MLPerf shape; the
     loads read only a process's own rows); a bad file seen by any process raises on all of them."""

@@ -5,6 +5,7 @@ described by a YAML or JSON file (`ctrflow.datasets.description`). `ctrflow prep
 DIR` does everything in one process tree. For many machines the same work is split per input file
 (`ctrflow.preprocess.fanout`): `count` (each file; it takes `--dataset`) → `merge` → `transform` (each file)
 → `finalize`, with the same output; the per-file steps run the CPU engine whatever `--engine` says.
+`--vocab-from PREV_DATA_DIR` (the single run, or `merge`) grows an earlier output's vocabularies.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def _configure_actions(parser: argparse.ArgumentParser) -> None:
     merge.add_argument("--freq-threshold", type=int, default=None,
                        help="the default threshold (default: the dataset description's; 6 for criteo)")
     merge.add_argument("--workers", type=int, default=1, help="threads merging columns")
+    _vocab_from_flag(merge)
     transform = actions.add_parser("transform", help=ACTIONS["transform"], description=ACTIONS["transform"])
     _file_flags(transform)
     transform.add_argument("--vocab", required=True, metavar="MERGED_DIR", help="the merge step's output")
@@ -70,6 +72,13 @@ def _configure_actions(parser: argparse.ArgumentParser) -> None:
     finalize.add_argument("--vocab", required=True, metavar="MERGED_DIR")
     finalize.add_argument("--parts", nargs="+", required=True, metavar="PARTS_DIR")
     finalize.add_argument("--out", required=True, metavar="DIR")
+
+
+def _vocab_from_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--vocab-from", default=None, metavar="PREV_DATA_DIR",
+                        help="grow the vocabularies of an earlier output of the same dataset (yesterday's): its "
+                             "values keep their ids, new values reaching the threshold get the next ids "
+                             "(docs/continuous-training.md); CPU engine")
 
 
 def _dataset_flag(parser: argparse.ArgumentParser, default: str | None = "criteo") -> None:
@@ -95,6 +104,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "thresholds of the description apply beside it")
     parser.add_argument("--valid-fraction", type=float, default=None,
                         help="without --valid: send this fraction of the training rows to valid (seeded, per row)")
+    _vocab_from_flag(parser)
     _engine_flags(parser)
     parser.add_argument("--workers", type=int, default=None, help="worker processes (default: all cores)")
     parser.add_argument("--on-bad-rows", default="error", choices=["error", "skip"],
@@ -124,7 +134,8 @@ def _run_action(args: argparse.Namespace) -> dict:
         summary = fanout.count_file(args.input, args.out, dataset=args.dataset or "criteo", **per_file)
         return {"out": args.out, "file_index": args.file_index, **summary["stats"]}
     if args.action == "merge":
-        merged = fanout.merge_counts(args.counts, args.out, args.freq_threshold, args.workers)
+        merged = fanout.merge_counts(args.counts, args.out, args.freq_threshold, args.workers,
+                                     vocab_from=args.vocab_from)
         return {"out": args.out, "files": merged["files"]}
     if args.action == "transform":
         return {"out": args.out, **fanout.transform_file(args.input, args.vocab, args.out,
@@ -147,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
                              valid_fraction=args.valid_fraction, workers=args.workers,
                              on_bad_rows=args.on_bad_rows, engine=args.engine, seed=args.seed,
                              tracker=tracker, chunk_rows=args.chunk_rows, progress=args.progress,
-                             compression=args.compression, device=args.device, dataset=args.dataset)
+                             compression=args.compression, device=args.device, dataset=args.dataset,
+                             vocab_from=args.vocab_from)
     print(json.dumps({k: summary[k] for k in ("out", "rows", "rows_read", "rows_rejected", "seconds")}))
     return 0

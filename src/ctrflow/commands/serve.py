@@ -1,7 +1,9 @@
-"""`ctrflow serve --repo DIR [--http-port 8000] [--grpc-port 8001] [--venv DIR]`: a real tritonserver.
+"""`ctrflow serve --repo DIR [--http-port 8000] [--grpc-port 8001] [--venv DIR] [--poll-secs 5]`: a real tritonserver.
 
 Serves an exported repository on 127.0.0.1 with the `tritonserver` bundled in nvidia-pytriton
-(the serving venv, `scripts/setup_triton.sh`) until Ctrl-C or SIGTERM. That binary has the python
+(the serving venv, `scripts/setup_triton.sh`) until Ctrl-C or SIGTERM. It polls the repository
+every `--poll-secs` seconds (Triton's poll mode): a version that `ctrflow export --base` adds is
+loaded and served without downtime (`ctrflow.serve.tritonserver` says how). That binary has the python
 backend only, so the repository must come from `ctrflow export --backend python`; onnxruntime and
 pytorch repositories serve with the Triton image (docker/).
 """
@@ -28,6 +30,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="serving venv with nvidia-pytriton (default: $CTRFLOW_TRITON_VENV or .venv-triton)")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads of each model instance")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for every model to load")
+    parser.add_argument("--poll-secs", type=int, default=5,
+                        help="seconds between polls of the repository for new versions (0: read it once, at start)")
 
 
 def check_servable(repo: Path) -> list[str]:
@@ -57,14 +61,18 @@ def run(args: argparse.Namespace) -> int:
     venv = Path(args.venv) if args.venv else find_serving_venv()
     if venv is None:
         raise UserError("no serving venv: run scripts/setup_triton.sh, or pass --venv / set CTRFLOW_TRITON_VENV")
+    if args.poll_secs < 0:
+        raise UserError(f"--poll-secs must be 0 or more, got {args.poll_secs}")
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
     with tempfile.TemporaryDirectory(prefix="ctrflow-serve-") as workdir:
         server = TritonServer(repo, venv, Path(workdir), threads=args.threads,
-                              http_port=args.http_port or None, grpc_port=args.grpc_port or None)
+                              http_port=args.http_port or None, grpc_port=args.grpc_port or None,
+                              poll_secs=args.poll_secs)
         try:  # from here on, every way out stops the server (its own session: nobody else would)
             _start(server, repo, args.timeout)
             print(json.dumps({"http": server.url, "grpc": f"127.0.0.1:{server.grpc_port}",
-                              "repository": str(server.repository), "models": models}), flush=True)
+                              "repository": str(server.repository), "models": models,
+                              "poll_secs": args.poll_secs}), flush=True)
             while server.is_alive():
                 time.sleep(0.5)
             print(server.log()[-4000:], file=sys.stderr)

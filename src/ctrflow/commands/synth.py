@@ -2,7 +2,8 @@
 
 `--dataset criteo` (the default): raw Criteo TSV (`day_N.tsv`). `--dataset movielens-like`: CSV of
 users, movies, a multi-hot genre list, an age and a price (`day_N.csv`), with its dataset
-description `movielens.yaml` beside it for `ctrflow preprocess --dataset`.
+description `movielens.yaml` beside it for `ctrflow preprocess --dataset`. `--drift F` makes days that
+drift (`ctrflow.datasets.drift`): new values every day and a moving teacher.
 """
 
 from __future__ import annotations
@@ -25,11 +26,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="same seed, same bytes (default 0)")
     parser.add_argument("--out", required=True, help="output directory: day_0.tsv (or .csv) ... and synth.json")
     parser.add_argument("--gzip", action="store_true", help="write day_N.tsv.gz (.csv.gz) instead")
+    parser.add_argument("--drift", type=float, default=0.0, metavar="F",
+                        help="from day 1 on, a share F of the category values is new each day (new users and "
+                             "items appear, the ones they replace stop) and the teacher's tastes move by F a day; "
+                             "recorded in synth.json (default 0: no drift, the same bytes as without it)")
     add_tracking_flags(parser)
 
 
 def synthesizer(dataset: str):
-    """The `synthesize(out, rows, days, seed, gzip, tracker)` of `dataset`; UserError naming the choices."""
+    """The `synthesize(out, rows, days, seed, gzip, tracker, drift)` of `dataset`; UserError naming the choices."""
     if dataset == "criteo":
         from ctrflow.datasets.criteo.synth import synthesize
     elif dataset == "movielens-like":
@@ -43,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
     """Write the day files, then print one line per day with its rows, click rate and teacher AUC."""
     synthesize = synthesizer(args.dataset)
     with tracker_from_args(args, "synth") as tracker:
-        report = synthesize(args.out, args.rows, args.days, args.seed, gzip=args.gzip, tracker=tracker)
+        report = synthesize(args.out, args.rows, args.days, args.seed, gzip=args.gzip, tracker=tracker,
+                            drift=args.drift)
     for entry, day in zip(report["files"], report["teacher_auc"]):
         print(f"{args.out}/{entry['path']}: {entry['rows']} rows, ctr {report['ctr'][day]:.4f}, "
               f"teacher auc {report['teacher_auc'][day]:.4f}")

@@ -97,8 +97,11 @@ FLAGS: list[tuple[str, str, dict[str, Any], str]] = [
      "stop after N validations without a better AUC (0: never); the best checkpoint is kept either way"),
     ("--resume", "resume", {"type": optional(str), "metavar": "CKPT"},
      "continue from a checkpoint (a run directory: its last step, not its best)"),
+    ("--init-from", "init_from", {"type": optional(str), "metavar": "CKPT"},
+     "warm start: begin from a checkpoint's weights and optimizer state, its tables grown to this data's "
+     "vocabularies (preprocess --vocab-from), with a fresh step count and schedule (--resume wins)"),
     ("--overwrite", "overwrite", {"action": argparse.BooleanOptionalAction},
-     "train into an --out that already holds a run"),
+     "--out holds a run: remove its checkpoints, latest and metrics.jsonl and start over"),
     ("--device", "device", {}, "where to train (auto: a GPU when there is one)"),
     ("--threads", "threads", {"type": optional(int)},
      "CPU threads for torch (none: torch's choice; 1 is fastest on a busy machine)"),
@@ -136,6 +139,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="YAML or JSON file of config fields (flags override it), or a preset: "
                              + ", ".join(preset_names()))
     parser.add_argument("--print-config", action="store_true", help="print the whole config as YAML and exit")
+    parser.add_argument("--report-metrics", action="append", metavar="vertex|katib|none", default=None,
+                        help="also report each validation AUC to a tuning service: vertex (the cloudml-hypertune "
+                             "metrics file), katib (stdout lines for its metrics collector); repeatable")
     for flag, key, options, text in FLAGS:
         if key in CHOICES:
             options = {"choices": CHOICES[key], **options}
@@ -169,9 +175,12 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         raise UserError(f"{' and '.join(missing)} required (on the command line or in --config)")
     from ctrflow.train.loop import train  # torch is imported only when training runs
+    from ctrflow.tune.report import reporters_for
+
+    reporter = reporters_for(args.report_metrics)
 
     # under torchrun only rank 0 opens a tracking run
     tracker = tracker_from_args(args, "train") if int(os.environ.get("RANK", 0)) == 0 else NullTracker()
     with tracker:
-        train(config, tracker)
+        train(config, tracker, reporter)
     return 0

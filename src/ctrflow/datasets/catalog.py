@@ -3,7 +3,8 @@
 A dataset, as the preprocessing pipeline (`ctrflow.preprocess.run`) uses it, has a `description`
 (`ctrflow.datasets.description.Description`), the `engines` it runs on, `max_lengths` of its multi-hot
 features, and makes the passes' worker stages: `fit_stage(...)`, `tasks(files, chunk_rows, workers)`,
-`merge_stage(runs, thresholds, range_entries)`, `transform_stage(data_dir, compression, vocab_dir,
+`merge_stage(runs, thresholds, range_entries, previous)` (`previous`: a
+`--vocab-from` directory whose vocabularies grow, or ""), `transform_stage(data_dir, compression, vocab_dir,
 tables)`; `check_inputs(paths)` checks the files' columns before any row is read.
 """
 

@@ -85,10 +85,14 @@ def code_probabilities() -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-logits))
 
 
-def build_teacher(seed: int, cardinalities: list[int], dense_mu, dense_sd) -> Teacher:
-    """Draw a random teacher; effects shrink with a value's popularity rank (rare values matter less)."""
-    rng = np.random.default_rng([seed, 0x7EAC4E5])
-    col_weight = rng.uniform(0.3, 1.0, size=len(cardinalities))
+def build_teacher(seed: int, cardinalities: list[int], dense_mu, dense_sd,
+                  rng: np.random.Generator | None = None) -> Teacher:
+    """Draw a random teacher; effects shrink with a value's popularity rank (rare values matter less).
+    Each column's weight comes from the seed; the tables from `rng` if given (a drifting day's fresh
+    draw: the same scales), else from the seed's stream after the weights."""
+    weights = np.random.default_rng([seed, 0x7EAC4E5])
+    col_weight = weights.uniform(0.3, 1.0, size=len(cardinalities))
+    rng = weights if rng is None else rng
     tables = [draw_table(rng, weight, card) for weight, card in zip(col_weight, cardinalities)]
     n_dense = len(dense_mu)
     dense_table = fm_table(rng.standard_normal(n_dense) * 0.6, rng.standard_normal((n_dense, FACTORS)) * 0.4)
@@ -150,6 +154,19 @@ def calibrate(teacher: Teacher, dense: np.ndarray, items: np.ndarray, target_auc
         lo, hi = (alpha, hi) if auc < target_auc else (lo, alpha)
     offset -= alpha * (linear.mean() / lin_sd + pair_share * pairwise.mean() / pair_sd)
     return replace(teacher, lin_scale=alpha / lin_sd, pair_scale=alpha * pair_share / pair_sd, offset=offset)
+
+
+def recenter(teacher: Teacher, dense: np.ndarray, items: np.ndarray, target_ctr: float,
+             bags: Sequence[np.ndarray] = ()) -> Teacher:
+    """The teacher with its offset set so its mean click probability on a sample is `target_ctr`, its
+    scales kept (a drifted teacher's mean logit wanders with its tables)."""
+    linear, pairwise = teacher.parts(dense, items, bags)
+    score = teacher.lin_scale * linear + teacher.pair_scale * pairwise
+    probs, lo, hi = code_probabilities(), -2.0 * LIMIT, 2.0 * LIMIT
+    for _ in range(40):  # mean probability increases with the offset
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if probs[logit_codes(mid + score)].mean() < target_ctr else (lo, mid)
+    return replace(teacher, offset=0.5 * (lo + hi))
 
 
 class AucCounter:

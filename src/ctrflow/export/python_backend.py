@@ -14,8 +14,16 @@ TEMPLATES = Path(__file__).resolve().parents[1] / "serve" / "models"
 
 
 def copy_template(kind: str, version_dir: Path) -> Path:
-    """Copy the `model.py` of `kind` ("preprocess" or "ranking") into a model version directory."""
+    """Copy the `model.py` of `kind` ("preprocess" or "ranking") into a model version directory.
+
+    Beside it goes an empty *file* named `__pycache__`: Python then cannot write the bytecode of
+    `model.py` into the version folder (it skips it silently). A server polling the repository
+    reloads every model whose folder changed, so without it each load would change the folder and
+    be followed by a second, needless reload (Triton's embedded Python ignores
+    PYTHONDONTWRITEBYTECODE).
+    """
     version_dir.mkdir(parents=True, exist_ok=True)
     target = version_dir / "model.py"
     shutil.copy2(TEMPLATES / f"{kind}_model.py", target)
+    (version_dir / "__pycache__").write_bytes(b"")
     return target

@@ -5,6 +5,10 @@ The repository holds three models, shaped by the feature contract in schema.json
   NAME_preprocess  python backend: raw columns -> dense [num_dense] FP32, sparse [slots] INT64 (saved vocabularies)
   NAME_model       onnxruntime, pytorch (libtorch) or python backend: dense, sparse -> probability [1]
 Every model has a batch dimension (max_batch_size > 0); the two leaf models batch dynamically.
+
+Versions (`ctrflow.export.versions`): the two leaf models keep numbered version folders 1, 2, ...
+written together, and load the newest two (`version_policy`); the ensemble pins both of its steps
+to one version number, so a request always runs a preprocess and a model exported together.
 Triton refuses zero-width tensors: a dataset without dense features has no `dense` tensor at all,
 one without sparse features no `sparse` (`serve.model_inputs`).
 """
@@ -21,7 +25,8 @@ from ctrflow.errors import UserError
 from ctrflow.features import Features
 from ctrflow.serve import model_inputs, raw_inputs
 
-VERSION = "1"
+VERSION = "1"  # the first version of every model; the ensemble's only one (its folder stays empty)
+LOADED_VERSIONS = 2  # the leaf models load their newest two: the pinned pair and the one it replaces
 QUEUE_DELAY_US = 100  # wait at most 0.1 ms for more requests to join a batch
 BACKENDS = ("onnxruntime", "pytorch", "python")
 PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "pytorch": "pytorch_libtorch"}
@@ -74,20 +79,25 @@ def _probability(features: Features, backend: str = "python") -> pb.ModelOutput:
 def _batching(config: pb.ModelConfig, instance_kind: str, count: int = 1) -> pb.ModelConfig:
     config.dynamic_batching.max_queue_delay_microseconds = QUEUE_DELAY_US
     config.instance_group.add(kind=INSTANCE_KINDS[instance_kind], count=count)
+    # the newest two: while the ensemble switches to a new pair, requests still pinned to the
+    # previous one find it loaded
+    config.version_policy.latest.num_versions = LOADED_VERSIONS
     return config
 
 
-def ensemble_config(name: str, features: Features, max_batch_size: int, backend: str = "onnxruntime") -> pb.ModelConfig:
+def ensemble_config(name: str, features: Features, max_batch_size: int, backend: str = "onnxruntime",
+                    version: int = 1) -> pb.ModelConfig:
     """The ensemble the clients call: preprocess -> model, raw strings in, probability out; the
-    ranking step maps the ensemble's tensors onto `backend`'s names for them."""
+    ranking step maps the ensemble's tensors onto `backend`'s names for them. Both steps are
+    pinned to `version`: the preprocess and the model exported together."""
     config = pb.ModelConfig(name=name, platform="ensemble", max_batch_size=max_batch_size,
                             input=_raw_inputs(features), output=[_probability(features)])
-    pre = config.ensemble_scheduling.step.add(model_name=preprocess_name(name), model_version=-1)
+    pre = config.ensemble_scheduling.step.add(model_name=preprocess_name(name), model_version=version)
     for col in raw_inputs(features):
         pre.input_map[col] = col
     for tensor in model_inputs(features):
         pre.output_map[tensor] = tensor
-    rank = config.ensemble_scheduling.step.add(model_name=ranking_name(name), model_version=-1)
+    rank = config.ensemble_scheduling.step.add(model_name=ranking_name(name), model_version=version)
     for tensor in model_inputs(features):
         rank.input_map[ranking_tensor(backend, tensor, features)] = tensor
     rank.output_map[ranking_tensor(backend, "probability", features)] = "probability"

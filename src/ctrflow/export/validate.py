@@ -11,12 +11,14 @@ import numpy as np
 
 from ctrflow.errors import UserError
 from ctrflow.export.triton import MODEL_FILES, VERSION, preprocess_name, ranking_name, read_config
+from ctrflow.export.versions import served_version
 
 TOLERANCE = 1e-5  # fp32: the exported graph may fuse or reorder operations
 
 
 def check_repository(repo: str | os.PathLike, name: str) -> dict[str, object]:
-    """Parse every `config.pbtxt` under `repo` and check the ensemble `name`; returns configs by model.
+    """Parse every `config.pbtxt` under `repo` and check the ensemble `name` and the version pair it
+    serves (`versions.served_version`); returns configs by model.
 
     Raises `UserError` naming the file and what is wrong.
     """
@@ -47,8 +49,10 @@ def _check_steps(repo: Path, name: str, configs: dict) -> None:
 
 
 def _check_files(repo: Path, name: str, configs: dict) -> None:
-    version = repo / ranking_name(name) / VERSION
-    needed = [repo / preprocess_name(name) / VERSION / "model.py", repo / preprocess_name(name) / VERSION / "vocab"]
+    served = str(served_version(repo, name, configs[name]))
+    version = repo / ranking_name(name) / served
+    pre = repo / preprocess_name(name) / served
+    needed = [pre / "model.py", pre / "vocab", pre / "schema.json"]
     backend = configs[ranking_name(name)].backend
     if backend in MODEL_FILES:
         needed.append(version / MODEL_FILES[backend])
@@ -81,10 +85,10 @@ def held_out_rows(data: str | os.PathLike, rows: int) -> tuple[np.ndarray, np.nd
 
 def exported_probabilities(repo: Path, name: str, backend: str, features, dense: np.ndarray, sparse: np.ndarray,
                            batch_size: int) -> np.ndarray:
-    """probability [N] of the exported ranking model, through the code that serves it."""
+    """probability [N] of the served version of the exported ranking model, through the code that serves it."""
     from ctrflow.serve import model_inputs
 
-    version = repo / ranking_name(name) / VERSION
+    version = repo / ranking_name(name) / str(served_version(repo, name))
     inputs = model_inputs(features)
     if backend == "onnxruntime":
         import onnxruntime as ort

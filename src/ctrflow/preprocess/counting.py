@@ -23,8 +23,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ctrflow.preprocess.engines import CpuEngine
+from ctrflow.preprocess.growth import grow, in_sorted, range_slice, read_vocab_table
 from ctrflow.preprocess.hashing import mix, unmix
-from ctrflow.preprocess.vocab import keys_to_strings
+from ctrflow.preprocess.vocab import encode_keys, keys_to_strings
 
 SPILL_ENTRIES = 1 << 20  # (value, count) pairs a worker holds before writing a run (16 MB)
 RANGE_ENTRIES = 1 << 20  # pairs of one column merged at once at the end
@@ -140,9 +141,10 @@ class Counter:
 
 
 def merge_vocabulary(runs: list[str], others: list[tuple[pa.Array, pa.Array]], column: int, threshold: int,
-                     range_entries: int = RANGE_ENTRIES) -> tuple[pa.Table, int]:
+                     range_entries: int = RANGE_ENTRIES, previous: pa.Table | None = None) -> tuple[pa.Table, int]:
     """Column `column`'s vocabulary from every worker's runs: (table value/count, most frequent first,
-    ties by value bytes; distinct values in the training split)."""
+    ties by value bytes; distinct values in the training split). `previous`: the earlier vocabulary
+    this one grows (`growth.grow`: its values keep their ids, and their counts today are kept too)."""
     parts = []
     for path in runs:
         with pa.memory_map(path) as source:
@@ -152,6 +154,7 @@ def merge_vocabulary(runs: list[str], others: list[tuple[pa.Array, pa.Array]], c
     ranges = max(1, -(-total // range_entries))
     bounds = [np.uint64(i * (1 << 64) // ranges) for i in range(ranges)]
     kept_h, kept_counts, distinct = [], [], 0
+    earlier_h, earlier_other = _earlier_values(previous)
     for i in range(ranges):
         pieces = []
         for h, counts in parts:
@@ -165,19 +168,33 @@ def merge_vocabulary(runs: list[str], others: list[tuple[pa.Array, pa.Array]], c
                                    runs=True)
         distinct += len(h)
         keep = counts >= threshold
+        if previous is not None:  # the earlier values' counts today, whatever they are
+            keep |= in_sorted(h, earlier_h[range_slice(earlier_h, i, ranges, bounds)])
         kept_h.append(h[keep])
         kept_counts.append(counts[keep])
     other, other_counts = _sum_by(pa.concat_arrays([o[0] for o in others] or [pa.array([], pa.string())]),
                                   pa.concat_arrays([o[1] for o in others] or [pa.array([], pa.int64())]))
     distinct += len(other)
     keep = pc.greater_equal(other_counts, threshold)
+    if previous is not None:
+        keep = pc.or_(keep, pc.is_in(other, value_set=earlier_other))
     table = pa.table({
         "value": pa.concat_arrays([keys_to_strings(unmix(np.concatenate(kept_h))), other.filter(keep)]),
         "count": pa.concat_arrays([pa.array(np.concatenate(kept_counts).astype(np.int64)),
                                    other_counts.filter(keep)]),
     })
     order = pc.sort_indices(table, sort_keys=[("count", "descending"), ("value", "ascending")])
-    return table.take(order), distinct
+    table = table.take(order)
+    return (table if previous is None else grow(previous, table, threshold)), distinct
+
+
+def _earlier_values(previous: pa.Table | None) -> tuple[np.ndarray, pa.Array]:
+    """An earlier vocabulary's 8-byte values as ascending mixed keys (the runs' order), and its other strings."""
+    if previous is None:
+        return np.empty(0, np.uint64), pa.array([], pa.string())
+    keys, other = encode_keys(previous.column("value"))
+    other = pa.array([], pa.string()) if other is None else other.drop_null()
+    return np.sort(mix(keys[keys != 0])), other
 
 
 @dataclass
@@ -188,6 +205,8 @@ class MergeStage:
     runs: list[str]
     thresholds: Sequence[int]  # per column
     range_entries: int = RANGE_ENTRIES
+    previous: str = ""  # `--vocab-from`: the processed data whose vocabularies grow ("": none)
+    names: Sequence[str] = ()  # the columns in order (their vocabulary files there)
 
     def start(self) -> None:
         """Nothing to prepare."""
@@ -195,7 +214,8 @@ class MergeStage:
     def handle(self, task: tuple[int, list]) -> tuple[pa.Table, int]:
         """(vocabulary table, distinct values) of one column."""
         column, others = task
-        return merge_vocabulary(self.runs, others, column, self.thresholds[column], self.range_entries)
+        previous = read_vocab_table(self.previous, self.names[column]) if self.previous else None
+        return merge_vocabulary(self.runs, others, column, self.thresholds[column], self.range_entries, previous)
 
     def finish(self) -> None:
         """Nothing to hand back."""

@@ -4,7 +4,8 @@ transform → finalize, giving exactly what one `preprocess` call gives.
 - `count_file`: one file's fit pass → COUNTS_DIR (sorted run files, other-string counts, per-block
   row records, the file's accounting and content digest).
 - `merge_counts`: every COUNTS_DIR → MERGED_DIR (vocab/, and merge.json: each file's first Parquet part
-  number per split, so parts are numbered as one process numbers them).
+  number per split, so parts are numbered as one process numbers them); `--vocab-from` grows an earlier
+  output's vocabularies here (`growth`), and merge.json carries the parent on to `finalize`.
 - `transform_file`: one file, parsed again → PARTS_DIR/{train,valid}/part-NNNNN.parquet.
 - `finalize`: vocab + every PARTS_DIR + the counts → the dataset (schema.json, stats.json, metadata),
   published atomically.
@@ -33,6 +34,7 @@ from ctrflow.errors import UserError
 from ctrflow.preprocess.accounting import collect_stats, file_stats
 from ctrflow.preprocess.counting import SPILL_ENTRIES
 from ctrflow.preprocess.files import expand_inputs
+from ctrflow.preprocess.growth import open_previous
 from ctrflow.preprocess.output import check_out_dir, file_digest, publish
 from ctrflow.preprocess.run import (DEFAULT_COMPRESSION, RANGE_ENTRIES, RECORD_KEYS, build_vocabulary, fit_pass,
                                     transform_pass, write_metadata)
@@ -140,11 +142,15 @@ def _read_counts(count_dirs) -> list[tuple[Path, dict]]:
 
 
 def merge_counts(count_dirs, out: str | os.PathLike, freq_threshold: int | None = None, workers: int = 1,
-                 range_entries: int = RANGE_ENTRIES) -> dict:
+                 range_entries: int = RANGE_ENTRIES, vocab_from: str | os.PathLike | None = None) -> dict:
     """Merge every file's counts into the vocabularies (`out/vocab/`) and the part numbering (`out/merge.json`).
-    `freq_threshold`: the default threshold (None: the description's)."""
+    `freq_threshold`: the default threshold (None: the description's); `vocab_from`: an earlier output
+    whose vocabularies grow (`ctrflow.preprocess.growth`; recorded in merge.json, then schema.json)."""
     found, out = _read_counts(count_dirs), Path(out)
     data = _dataset_of(found[0][1], freq_threshold)
+    previous = None
+    if vocab_from is not None:
+        previous = open_previous(vocab_from, data.description.features(dict.fromkeys(data.description.sparse, 0)))
     started = time.perf_counter()
     finals = []
     names = data.description.sparse
@@ -155,7 +161,8 @@ def merge_counts(count_dirs, out: str | os.PathLike, freq_threshold: int | None 
             rows = other.filter(pc.equal(other.column("column"), name))
             by_column[name] = (rows.column("value").combine_chunks(), rows.column("count").combine_chunks())
         finals.append({"runs": [str(directory / run) for run in counts["runs"]], "other": by_column})
-    tables, distinct = build_vocabulary(data, finals, workers, range_entries, remove=False)
+    tables, distinct = build_vocabulary(data, finals, workers, range_entries, remove=False,
+                                        previous=str(previous.path) if previous else "")
     out.mkdir(parents=True, exist_ok=True)
     write_vocab(out, tables)
     first_parts, next_part = {}, {split: 0 for split in _SPLITS}
@@ -169,6 +176,8 @@ def merge_counts(count_dirs, out: str | os.PathLike, freq_threshold: int | None 
               "first_parts": first_parts, "blocks": blocks, "parts": next_part,
               "files": [c["file_index"] for _, c in found], "dataset": data.description.to_dict(),
               "dataset_kind": _dataset_kind(data), "seconds": round(time.perf_counter() - started, 3)}
+    if previous is not None:
+        merged["parent"] = previous.parent()
     (out / MERGE).write_text(json.dumps(merged, indent=2) + "\n")
     return merged
 
@@ -245,7 +254,7 @@ def finalize(out: str | os.PathLike, count_dirs, merged: str | os.PathLike, part
         data = _dataset_of(plan)
         stats, files, digests = _stats(data, found, merged, plan, part_dirs)
         _gather_rejected(found, tmp)
-        schema = write_metadata(tmp, out, files, digests, stats, data)
+        schema = write_metadata(tmp, out, files, digests, stats, data, plan.get("parent"))
         publish(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

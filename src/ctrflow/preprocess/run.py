@@ -30,6 +30,7 @@ from ctrflow.preprocess.blockcache import CACHE, MEMORY_BYTES
 from ctrflow.preprocess.counting import RANGE_ENTRIES, SPILL_ENTRIES, remove_runs
 from ctrflow.preprocess.engines import check_engine
 from ctrflow.preprocess.files import expand_inputs, is_gzip
+from ctrflow.preprocess.growth import PreviousVocabulary, open_previous
 from ctrflow.preprocess.interop import write_hugectr_metadata, write_merlin_schema
 from ctrflow.preprocess.output import FileHasher, PieceChecksums, check_out_dir, publish
 from ctrflow.preprocess.parallel import WorkerPool, reap
@@ -48,13 +49,16 @@ def preprocess(train: Sequence[str], valid: Sequence[str] = (), out: str | os.Pa
                on_bad_rows: str = "error", engine: str = "cpu", seed: int = 0, tracker=None,
                chunk_rows: int | None = None, progress: bool | None = None,
                compression: str = DEFAULT_COMPRESSION, spill_entries: int = SPILL_ENTRIES,
-               range_entries: int = RANGE_ENTRIES, device: str = "cuda", dataset="criteo") -> dict:
+               range_entries: int = RANGE_ENTRIES, device: str = "cuda", dataset="criteo",
+               vocab_from: str | os.PathLike | None = None) -> dict:
     """Preprocess raw files into `out`; returns the summary (rows, cardinalities, vocab hash, seconds).
     `dataset`: "criteo" (the raw Criteo TSV), a dataset description file, a `Description` or an opened
     dataset. `freq_threshold`: the default threshold (else the description's, 6 for Criteo); per-column
     thresholds of the description apply beside it. `engine`: "cpu" (numpy, on `workers` processes) or
     "gpu" (Criteo only: parse, count and transform in this process on torch `device`: `gpu_engine`);
-    the output is the same whichever runs.
+    the output is the same whichever runs. `vocab_from`: an earlier output of the same dataset whose
+    vocabularies this one grows (`ctrflow.preprocess.growth`: old values keep their ids, new ones follow;
+    the CPU engine); schema.json then records it as its `parent`.
 
     Memory: each worker holds one block (`chunk_rows`: 131,072 rows of Criteo by default, about 32 MB of
     text of a described table) and at most `spill_entries` (value, count) pairs; the final merge holds
@@ -69,6 +73,11 @@ def preprocess(train: Sequence[str], valid: Sequence[str] = (), out: str | os.Pa
                         f"for {data.description.source}")
     if compression not in COMPRESSIONS:
         raise UserError(f"--compression must be one of {', '.join(COMPRESSIONS)}, got {compression!r}")
+    previous = None
+    if vocab_from is not None:
+        if engine == "gpu":
+            raise UserError("--vocab-from runs on the CPU engine only: use --engine cpu (same output)")
+        previous = open_previous(vocab_from, data.description.features(dict.fromkeys(data.description.sparse, 0)))
     files = [(p, "split" if valid_fraction else "train") for p in expand_inputs(train)]
     files += [(p, "valid") for p in expand_inputs(valid)]
     data.check_inputs([p for p, _ in files])  # a column missing from a file: before any row is read
@@ -85,10 +94,10 @@ def preprocess(train: Sequence[str], valid: Sequence[str] = (), out: str | os.Pa
         with FileHasher(hashed) as hasher:
             stats = _run(data, files, tmp, valid_fraction or 0.0, workers, on_bad_rows, seed, chunk_rows,
                          _show_progress(progress), compression, spill_entries, range_entries, engine, device,
-                         checksums)
+                         checksums, previous)
             file_digests = checksums.digests([p for p, _ in files], dict(zip(map(str, hashed), hasher.result())))
         stats["passes"]["total_seconds"] = round(time.perf_counter() - started, 3)
-        schema = write_metadata(tmp, out, files, file_digests, stats, data)
+        schema = write_metadata(tmp, out, files, file_digests, stats, data, previous.parent() if previous else None)
         shutil.rmtree(tmp / "cache")
         shutil.rmtree(tmp / "runs")
         publish(tmp, out)
@@ -106,13 +115,15 @@ def preprocess(train: Sequence[str], valid: Sequence[str] = (), out: str | os.Pa
             dataset=data.description.source, train=list(map(str, train)), valid=list(map(str, valid)),
             freq_threshold=data.description.default_threshold, valid_fraction=valid_fraction, workers=workers,
             on_bad_rows=on_bad_rows, engine=engine, device=device, seed=seed, chunk_rows=chunk_rows,
-            compression=compression))
+            compression=compression, **({"vocab_from": str(previous.path)} if previous else {})))
     return summary
 
 
-def write_metadata(tmp: Path, out: Path, files, digests: list[str], stats: dict, data) -> Schema:
+def write_metadata(tmp: Path, out: Path, files, digests: list[str], stats: dict, data,
+                   parent: dict | None = None) -> Schema:
     """Write schema.json, stats.json and the HugeCTR/NVTabular metadata into `tmp` (to be published at
-    `out`). `data`: the dataset (its description and features go to schema.json)."""
+    `out`). `data`: the dataset (its description and features go to schema.json); `parent`: the
+    `--vocab-from` data the vocabularies grow (`PreviousVocabulary.parent`)."""
     cardinalities = stats.pop("cardinalities")
     label_sum = stats.pop("label_sum")
     train_rows = stats["rows"]["train"]
@@ -122,7 +133,7 @@ def write_metadata(tmp: Path, out: Path, files, digests: list[str], stats: dict,
                     dense_transform=DENSE_TRANSFORM if same else "per feature: features.dense[].transform",
                     freq_threshold=data.description.default_threshold, rows=dict(stats["rows"]),
                     vocab_hash=stats.pop("vocab_hash"), dataset=data.description.to_dict(),
-                    label_rate=round(label_sum / train_rows, 9) if train_rows else None,
+                    label_rate=round(label_sum / train_rows, 9) if train_rows else None, parent=parent,
                     files=[{"path": str(Path(p).resolve()), "bytes": Path(p).stat().st_size, "digest": d,
                             "split": "train+valid" if s == "split" else s}
                            for (p, s), d in zip(files, digests)])
@@ -184,9 +195,10 @@ def _bar(enabled: bool, desc: str, total=None):
 def _run(data, files, tmp: Path, fraction: float, workers: int, on_bad_rows: str, seed: int,
          chunk_rows: int, progress: bool, compression: str, spill_entries: int = SPILL_ENTRIES,
          range_entries: int = RANGE_ENTRIES, engine: str = "cpu", device: str = "cuda",
-         checksums: PieceChecksums | None = None) -> dict:
+         checksums: PieceChecksums | None = None, previous: PreviousVocabulary | None = None) -> dict:
     """Both passes; returns stats (with cardinalities, vocab hash and label sum for the schema).
-    `checksums`: collects the input pieces' CRC-32 from the fit workers (the files' digests)."""
+    `checksums`: collects the input pieces' CRC-32 from the fit workers (the files' digests);
+    `previous`: the vocabularies to grow (`--vocab-from`)."""
     if engine == "gpu":
         stats = data.run_gpu(files, tmp, fraction, workers, on_bad_rows, seed, chunk_rows, progress, compression,
                              device)
@@ -204,7 +216,8 @@ def _run(data, files, tmp: Path, fraction: float, workers: int, on_bad_rows: str
                                    warnings, pool, checksums)
         check_rows_written(per_file)
         t1 = time.perf_counter()
-        tables, distinct = build_vocabulary(data, finals, workers, range_entries, pool=pool)
+        tables, distinct = build_vocabulary(data, finals, workers, range_entries, pool=pool,
+                                            previous=str(previous.path) if previous else "")
         t2 = time.perf_counter()
         with ThreadPoolExecutor(1) as side:  # the vocabulary files are written while the parts are
             written = side.submit(write_vocab, tmp, tables)
@@ -257,14 +270,14 @@ RECORD_KEYS = ("cache", "rows", "missing", "label_sum", "cut_lists")  # what a b
 
 
 def build_vocabulary(data, finals: list[dict], workers: int, range_entries: int, remove: bool = True,
-                     pool: WorkerPool | None = None):
+                     pool: WorkerPool | None = None, previous: str = ""):
     """Merge every worker's runs, column by column, on `pool`'s workers (else on threads here):
     ({column: vocabulary table}, {column: distinct}); the run files are deleted afterwards unless
-    `remove` is False."""
+    `remove` is False. `previous`: the processed data whose vocabularies grow ("": none)."""
     names = data.description.sparse
     runs = [run for final in finals for run in final["runs"]]
     tasks = [(j, [f["other"][name] for f in finals if name in f["other"]]) for j, name in enumerate(names)]
-    stage = data.merge_stage(runs, [data.description.threshold(name) for name in names], range_entries)
+    stage = data.merge_stage(runs, [data.description.threshold(name) for name in names], range_entries, previous)
     if pool is not None:
         merged = list(pool.run(stage, tasks))
     else:

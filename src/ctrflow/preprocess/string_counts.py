@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ctrflow.preprocess.counting import RANGE_ENTRIES, SPILL_ENTRIES
+from ctrflow.preprocess.growth import grow, range_slice, read_vocab_table
 from ctrflow.preprocess.hashing import hash_strings
 
 _RUN_SCHEMA = pa.schema([("h", pa.uint64()), ("value", pa.string()), ("count", pa.int64())])
@@ -91,10 +92,11 @@ class StringCounter:
         return {"runs": self.runs, "other": {}}
 
 
-def merge_strings(runs: list[str], column: int, threshold: int,
-                  range_entries: int = RANGE_ENTRIES) -> tuple[pa.Table, int]:
+def merge_strings(runs: list[str], column: int, threshold: int, range_entries: int = RANGE_ENTRIES,
+                  previous: pa.Table | None = None) -> tuple[pa.Table, int]:
     """Column `column`'s vocabulary from every worker's runs: (table value/count, most frequent first,
-    ties by value bytes; distinct values in the training split)."""
+    ties by value bytes; distinct values in the training split). `previous`: the earlier vocabulary
+    this one grows (`growth.grow`: its values keep their ids, and their counts today are kept too)."""
     parts = []
     for path in runs:
         with pa.memory_map(path) as source:
@@ -104,6 +106,11 @@ def merge_strings(runs: list[str], column: int, threshold: int,
     ranges = max(1, -(-total // range_entries))
     bounds = [np.uint64(i * (1 << 64) // ranges) for i in range(ranges)]
     kept_values, kept_counts, distinct = [], [], 0
+    if previous is not None:  # its values by hash, as the runs are sorted
+        earlier = previous.column("value").combine_chunks()
+        earlier_h = hash_strings(earlier)
+        order = np.argsort(earlier_h, kind="stable")
+        earlier_h, earlier = earlier_h[order], earlier.take(pa.array(order))
     for i in range(ranges):
         values, counts = [], []
         for h, part_values, part_counts in parts:
@@ -115,12 +122,17 @@ def merge_strings(runs: list[str], column: int, threshold: int,
                                                   pa.concat_arrays(counts or [pa.array([], pa.int64())]))
         distinct += len(merged_values)
         keep = pc.greater_equal(merged_counts, threshold)
+        if previous is not None:  # the earlier values' counts today, whatever they are
+            span = range_slice(earlier_h, i, ranges, bounds)
+            earlier_here = earlier.slice(span.start, span.stop - span.start)
+            keep = pc.or_(keep, pc.is_in(merged_values.cast(pa.string()), value_set=earlier_here))
         kept_values.append(merged_values.filter(keep))
         kept_counts.append(merged_counts.filter(keep))
     table = pa.table({"value": pa.concat_arrays(kept_values).cast(pa.string()),
                       "count": pa.concat_arrays(kept_counts).cast(pa.int64())})
     order = pc.sort_indices(table, sort_keys=[("count", "descending"), ("value", "ascending")])
-    return table.take(order), distinct
+    table = table.take(order)
+    return (table if previous is None else grow(previous, table, threshold)), distinct
 
 
 @dataclass
@@ -130,6 +142,8 @@ class StringMergeStage:
     runs: list[str]
     thresholds: Sequence[int]  # per column
     range_entries: int = RANGE_ENTRIES
+    previous: str = ""  # `--vocab-from`: the processed data whose vocabularies grow ("": none)
+    names: Sequence[str] = ()  # the columns in order (their vocabulary files there)
 
     def start(self) -> None:
         """Nothing to prepare."""
@@ -137,7 +151,8 @@ class StringMergeStage:
     def handle(self, task: tuple[int, list]) -> tuple[pa.Table, int]:
         """(vocabulary table, distinct values) of one column."""
         column, _ = task
-        return merge_strings(self.runs, column, self.thresholds[column], self.range_entries)
+        previous = read_vocab_table(self.previous, self.names[column]) if self.previous else None
+        return merge_strings(self.runs, column, self.thresholds[column], self.range_entries, previous)
 
     def finish(self) -> None:
         """Nothing to hand back."""

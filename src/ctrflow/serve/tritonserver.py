@@ -7,6 +7,15 @@ given), no metrics port and a shared-memory prefix of its own, so several server
 side. Used by `ctrflow serve`, the integration tests and `benchmarks/serve_latency.py`.
 That binary has the python backend only: it serves `ctrflow export --backend python` repositories;
 onnxruntime and pytorch ones need a full Triton build (docker/).
+
+New versions without downtime: with `poll_secs` the server runs in Triton's poll mode
+(`--model-control-mode=poll --repository-poll-secs=N`) and reloads every model whose folder changed.
+`ctrflow export --base` writes a version so that every state a poll can see is servable (the two
+new version folders appear first, each in one rename; the ensemble's pin to them last,
+`ctrflow.export.versions`), and Triton keeps serving a model until its reloaded copy is ready, so
+the ensemble switches from one consistent preprocess+model pair to the next between two requests.
+Poll mode rather than explicit loading: the exporter needs no address of the servers (several may
+serve one shared repository), and a server restarted later starts from the same files.
 """
 
 from __future__ import annotations
@@ -86,7 +95,7 @@ class TritonServer:
     """
 
     def __init__(self, repository: Path, venv: Path, workdir: Path, threads: int = 1,
-                 http_port: int | None = None, grpc_port: int | None = None) -> None:
+                 http_port: int | None = None, grpc_port: int | None = None, poll_secs: int | None = None) -> None:
         self.repository = Path(repository).resolve()
         self.venv = Path(venv)
         self.workdir = Path(workdir)
@@ -97,10 +106,13 @@ class TritonServer:
         self.process: subprocess.Popen | None = None
         self.log_path = self.workdir / "tritonserver.log"
         self.shm_prefix = f"ctrflow_{os.getpid()}_{self.http_port}"
+        self.poll_secs = poll_secs  # None or 0: the repository is read once, at start
 
     def command(self, backends: Path, binary: Path) -> list[str]:
-        """The tritonserver command line: loopback only, no metrics, own shared-memory names."""
-        return [str(binary), f"--model-repository={self.repository}", f"--backend-directory={backends}",
+        """The tritonserver command line: loopback only, no metrics, own shared-memory names, and
+        the repository polled every `poll_secs` when set."""
+        polling = ["--model-control-mode=poll", f"--repository-poll-secs={self.poll_secs}"] if self.poll_secs else []
+        return [str(binary), *polling, f"--model-repository={self.repository}", f"--backend-directory={backends}",
                 "--http-address=127.0.0.1", f"--http-port={self.http_port}",
                 "--grpc-address=127.0.0.1", f"--grpc-port={self.grpc_port}",
                 "--allow-metrics=false", "--exit-on-error=true", "--strict-readiness=true",

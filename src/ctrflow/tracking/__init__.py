@@ -27,7 +27,7 @@ def add_tracking_flags(parser: argparse.ArgumentParser) -> None:
                        help=f"MLflow tracking URI; 'none' disables tracking "
                             f"(default: $MLFLOW_TRACKING_URI, else {DEFAULT_URI})")
     group.add_argument("--experiment", default="ctrflow", help="MLflow experiment name")
-    group.add_argument("--run-name", default=None, help="name of this step's MLflow run")
+    group.add_argument("--run-name", default=None, help="name of this step's MLflow run (default: the step's name)")
     group.add_argument("--parent-run-id", default=None,
                        help="MLflow run id of the pipeline run this step belongs to (nested run)")
     group.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE",

@@ -38,7 +38,8 @@ class Tracker:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.close("FAILED" if exc_type else "FINISHED")
+        # an exception may name its own status: a run stopped by a signal is KILLED, not FAILED
+        self.close(getattr(exc, "run_status", "FAILED") if exc_type else "FINISHED")
 
 
 class NullTracker(Tracker):

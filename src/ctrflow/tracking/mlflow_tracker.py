@@ -8,7 +8,6 @@ tag, which is what the MLflow UI nests on.
 from __future__ import annotations
 
 import getpass
-import math
 import os
 import subprocess
 import time
@@ -20,14 +19,16 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 
 from ctrflow.tracking.base import Tracker
+from ctrflow.tracking.pipeline_summary import summarize_pipeline_run
+from ctrflow.tracking.ui import RUNS_VIEW, SHARED_VIEW_TAG, runs_view_state
 
 PARENT_TAG = "mlflow.parentRunId"
 KFP_RUN_TAG = "kfp.run_id"
 STEP_TAG = "ctrflow.step"
-EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # the UI opens model-training views, not GenAI ones
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # marks an experiment as model training (not GenAI) in the UI
+EXPERIMENT_KIND = "custom_model_development"
 BATCH = 100  # MLflow accepts at most 100 params / 1000 metrics / 100 tags per log_batch call
 PARAM_CHARS = 6000  # MLflow's limit on a param value
-SUMMARY_FIRST = ("evaluate", "train", "export")
 
 
 class MlflowTracker(Tracker):
@@ -110,18 +111,25 @@ def ensure_experiment(client: MlflowClient, uri: str, name: str) -> str:
     """The id of experiment `name`, created if missing (safe when several steps race to it).
 
     With a local SQLite store, artifacts go beside the database file (`<dir>/mlruns`) rather than
-    into whatever directory the step happens to run in.
+    into whatever directory the step happens to run in. Tags: `experiment_tags`.
     """
     found = client.get_experiment_by_name(name)
     if found is not None:
+        for key, value in experiment_tags().items():  # made elsewhere: add what is missing, change nothing set
+            if key not in found.tags:
+                client.set_experiment_tag(found.experiment_id, key, value)
         return found.experiment_id
     try:
-        return client.create_experiment(name, artifact_location=local_artifact_root(uri),
-                                        tags={EXPERIMENT_KIND_TAG: "custom_model_development"})
+        return client.create_experiment(name, artifact_location=local_artifact_root(uri), tags=experiment_tags())
     except MlflowException as err:
         if err.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
         return client.get_experiment_by_name(name).experiment_id
+
+
+def experiment_tags() -> dict[str, str]:
+    """Every ctrflow experiment's tags: model training (not GenAI), and the runs view with their AUC."""
+    return {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND, SHARED_VIEW_TAG + RUNS_VIEW: runs_view_state()}
 
 
 def local_artifact_root(uri: str) -> str | None:
@@ -161,15 +169,10 @@ def git_commit() -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def summary_order(run) -> tuple[int, str]:
-    """Headline steps first on the parent run (the UI lists metrics in logging order)."""
-    step = run.data.tags.get(STEP_TAG, run.info.run_name or "")
-    return (SUMMARY_FIRST.index(step) if step in SUMMARY_FIRST else len(SUMMARY_FIRST), step)
-
-
 def finish_pipeline_run(uri: str, experiment: str, kfp_run_id: str, status: str) -> str | None:
-    """Close the parent run of pipeline run `kfp_run_id` with `status`, after copying each child
-    step's latest metrics onto it as `<step>.<metric>`; returns its id (None when not found)."""
+    """Close the parent run of pipeline run `kfp_run_id` with `status`, after summarizing its steps on
+    it (`summarize_pipeline_run`: headline and `<step>.<metric>` metrics, plots, links to each step's
+    run and to the registered model); returns its id (None when not found)."""
     client = MlflowClient(tracking_uri=uri)
     found = client.get_experiment_by_name(experiment)
     if found is None:
@@ -180,11 +183,6 @@ def finish_pipeline_run(uri: str, experiment: str, kfp_run_id: str, status: str)
         return None
     parent = MlflowTracker(uri, run_id=parents[0].info.run_id)
     children = client.search_runs([found.experiment_id], f"tags.`{PARENT_TAG}` = '{parent.run_id}'")
-    summary = {}
-    for child in sorted(children, key=summary_order):
-        step = child.data.tags.get(STEP_TAG, child.info.run_name)
-        summary.update({f"{step}.{k}": v for k, v in child.data.metrics.items() if math.isfinite(v)})
-    if summary:
-        parent.log_metrics(summary)
+    summarize_pipeline_run(client, found.experiment_id, parent.run_id, children)
     parent.close(status)
     return parent.run_id

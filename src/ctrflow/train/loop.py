@@ -1,7 +1,8 @@
 """The training loop: one code path for one process (CPU or GPU) and, under torchrun, N.
 
 Order of a run: runtime -> data -> model -> run plan and build (`ctrflow.train.build`: every choice
-resolved, every rewrite applied) -> optimizers -> (resume) -> steps, with
+resolved, every rewrite applied) -> optimizers -> (resume, or warm start: `ctrflow.train.warm_start`)
+-> steps, with
 reports every `log_every` steps, validation every `eval_every` and at each epoch's end,
 checkpoints every `checkpoint_every` and at each epoch's end. The loop's own state is three
 integers: step, epoch and the next batch index within the epoch.
@@ -34,6 +35,7 @@ from ctrflow.embedding.fused.sharded_model import forward_in_chunks
 from ctrflow.errors import UserError
 from ctrflow.models import build_model
 from ctrflow.tracking import NullTracker, Tracker
+from ctrflow.tune.report import Reporter
 from ctrflow import checkpoint
 from ctrflow.train.best import BestCheckpoint
 from ctrflow.train.build import Built, RunPlan, build, plan_run, run_record, tracked_params
@@ -41,9 +43,12 @@ from ctrflow.train.dense_average import DenseAverage
 from ctrflow.train.distributed import Runtime, close_runtime, init_runtime, print0
 from ctrflow.train.fused import FusedTables
 from ctrflow.train.graphs import GraphedStep
+from ctrflow.train.interrupt import StopSignals, checkpoint_stopped
+from ctrflow.train.out_folder import claim_out
 from ctrflow.train.optim import Optimizers, build_optimizers, lr_factor, sparse_memory
 from ctrflow.train.progress import ProgressLog, restart_metrics
 from ctrflow.train.validate import validate
+from ctrflow.train.warm_start import warm_start
 
 
 @dataclass
@@ -62,6 +67,7 @@ class Session:
     total_steps: int
     plan: RunPlan = RunPlan()  # every choice of the run, resolved
     average: DenseAverage | None = None  # N processes, graphed step: the step averages the dense gradients
+    reporter: Reporter = Reporter()  # tuning services' metrics (`--report-metrics`), main process only
     best: BestCheckpoint = field(default_factory=BestCheckpoint)  # best validation so far, early stopping
     step: int = 0
     epoch: int = 0
@@ -73,19 +79,23 @@ class Session:
         return self.plan.amp
 
 
-def train(config: TrainConfig, tracker: Tracker | None = None) -> dict[str, Any]:
+def train(config: TrainConfig, tracker: Tracker | None = None, reporter: Reporter | None = None) -> dict[str, Any]:
     """Train `config.model` on processed data `config.data.path`, writing checkpoints and
-    `metrics.jsonl` under `config.out`; returns a summary (steps, loss, valid auc, ...)."""
+    `metrics.jsonl` under `config.out`; returns a summary (steps, loss, valid auc, ...). `reporter`
+    receives each validation's metrics (`ctrflow.tune.report`)."""
     tracker = tracker or NullTracker()
-    runtime = init_runtime(config.device)
-    try:
-        session = _setup(config, tracker, runtime)
-        return _fit(session)
-    finally:
-        close_runtime(runtime)
+    with StopSignals() as stop:  # Ctrl-C / SIGTERM: a checkpoint at the step in flight, then a one-line exit
+        runtime = init_runtime(config.device)
+        try:
+            session = _setup(config, tracker, runtime)
+            session.reporter = reporter if reporter is not None and runtime.is_main else Reporter()
+            return _fit(session, stop)
+        finally:
+            close_runtime(runtime)
 
 
 def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
+    claim_out(config, runtime.is_main)  # before any work: a run already in --out needs --resume or --overwrite
     if config.threads:
         torch.set_num_threads(config.threads)
     if config.deterministic:
@@ -103,6 +113,9 @@ def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
     session = Session(config, runtime, tracker, schema, built.model, optimizers,
                       train_loader, valid_loader, out, total, plan, built.average)
     source = _resume(session) if config.resume else None
+    if config.init_from and not config.resume:
+        step_dir = warm_start(built.model, optimizers, config, schema, runtime)
+        print0(f"ctrflow train: warm start from {step_dir} (tables grown to this data's vocabularies)")
     if runtime.is_main:
         out.mkdir(parents=True, exist_ok=True)
         schema.save(out / "schema.json")
@@ -124,7 +137,7 @@ def _build(config: TrainConfig, runtime: Runtime, schema: Schema, loader: str) -
     with deferred_tables():
         model = build_model(m.name, schema, m.embedding_dim, seed=config.seed,
                             embedding_init_scale=m.embedding_init_scale, **m.arch_kwargs())
-    if schema.label_rate is not None and not config.resume:  # a fresh run starts at the training click rate
+    if schema.label_rate is not None and not (config.resume or config.init_from):  # fresh: the click rate
         model.set_output_bias(schema.label_rate)
     plan = plan_run(config, runtime, model, loader)
     built = build(model, plan, runtime)
@@ -215,13 +228,14 @@ def _resume(s: Session) -> Path:
     return step_dir.parent / "metrics.jsonl"
 
 
-def _fit(s: Session) -> dict[str, Any]:
+def _fit(s: Session, stop: StopSignals) -> dict[str, Any]:
     cfg = s.config
     log = ProgressLog(s.out, s.runtime, s.tracker, cfg.data.batch_size, s.total_steps, s.step, cfg.progress)
     done = {"eval": -1, "ckpt": -1}
     valid: dict[str, float] = {}
     step = partial(train_step, average=s.average) if s.average is not None else train_step
     step_fn = GraphedStep(step) if s.plan.cuda_graphs else step
+    stop.defer(s.runtime)  # from the first step on, a signal stops between steps
     try:
         while s.step < s.total_steps and s.epoch < cfg.epochs and not s.best.stop:
             for batch in s.train_loader.batches(s.epoch, start=s.batch):
@@ -235,6 +249,8 @@ def _fit(s: Session) -> dict[str, Any]:
                 valid = _periodic(s, log, done, last) or valid
                 if s.step >= s.total_steps or s.best.stop:
                     break
+                if (signum := stop.requested(s.step)) is not None:
+                    raise checkpoint_stopped(s, log, done, signum)
     finally:
         log.close()
         if isinstance(step_fn, GraphedStep):
@@ -280,6 +296,7 @@ def _periodic(s: Session, log: ProgressLog, done: dict[str, int], last: bool) ->
         best = s.best.offer(step, valid["auc"])  # the best is written now, whatever checkpoint_every says
         save = save or best or s.best.stop
         print0(f"step {step}: valid auc {valid['auc']:.4f} logloss {valid['logloss']:.4f}{s.best.note(best)}")
+        s.reporter.report(step, s.epoch, valid)
     if evaluate or (cfg.log_every and step % cfg.log_every == 0):
         log.report(step, lr, {"auc": valid["auc"], "valid_logloss": valid["logloss"]} if valid else None)
     if save:
@@ -297,6 +314,7 @@ def _finish(s: Session, log: ProgressLog, valid: dict[str, float], done: dict[st
     if done["ckpt"] != s.step:  # resumed at the very end: nothing trained, but `out` is still a checkpoint
         if s.valid_loader is not None:
             valid = validate(s.model, s.valid_loader, s.runtime, s.amp)
+            s.reporter.report(s.step, s.epoch, valid)
         checkpoint.save_checkpoint(s.out, s.model, s.optimizers, {"step": s.step, "epoch": s.epoch, "batch": s.batch},
                                    s.config, s.schema, s.runtime, metrics=valid, run=run_record(s.config, s.plan))
         done["ckpt"] = s.step

@@ -57,9 +57,10 @@ class CriteoDataset:
             else:
                 yield from plan_blocks(path, index, bytes_per_block(path, chunk_rows))
 
-    def merge_stage(self, runs: list[str], thresholds: list[int], range_entries: int) -> MergeStage:
-        """The vocabulary merge of one column per task."""
-        return MergeStage(runs, thresholds, range_entries)
+    def merge_stage(self, runs: list[str], thresholds: list[int], range_entries: int,
+                    previous: str = "") -> MergeStage:
+        """The vocabulary merge of one column per task (`previous`: the processed data it grows, or "")."""
+        return MergeStage(runs, thresholds, range_entries, previous, self.description.sparse)
 
     def transform_stage(self, data_dir: str, compression: str, vocab_dir: str = "", tables=None) -> TransformStage:
         """Pass 2's stage: cached keys → ids → Parquet parts."""

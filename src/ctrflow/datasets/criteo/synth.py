@@ -8,7 +8,9 @@ Distinct counts therefore grow with `rows` as in the real logs, and rare values 
 
 A value's 8 hex digits are a hash of (seed, column, popularity rank): the universe is the same
 every day. Drift is mild: inside blocks of 4 ranks past the top 16 the popularity order is rotated
-per day, and integer counts shift slightly upwards each day.
+per day, and integer counts shift slightly upwards each day. `--drift F` (`ctrflow.datasets.drift`)
+adds more: from day 1 on, each rank's value is replaced by a new one (a hash of the rank and its
+generation) and the teacher's tastes move, each by a share F a day.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 
 from ctrflow.datasets.criteo.columns import DENSE, RAW_COLUMNS, SPARSE
-from ctrflow.datasets.teacher import AucCounter, Teacher, build_teacher, calibrate, code_probabilities
+from ctrflow.datasets.drift import Drift, check_drift, mix64
+from ctrflow.datasets.teacher import AucCounter, Teacher, build_teacher, calibrate, code_probabilities, recenter
 from ctrflow.errors import UserError
 
 VERSION = 1
@@ -59,15 +62,6 @@ MISSING_GROUPS = (
     (("C19", "C20", "C25", "C26"), 0.4497), (("C22",), 0.8179),
 )
 HEX_PAIRS = np.frombuffer(b"".join(b"%02x" % i for i in range(256)), dtype=np.uint16)  # byte -> 2 hex digits
-MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
-
-
-def mix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64 finalizer on uint64 arrays (wrapping arithmetic)."""
-    x = (x + np.uint64(0x9E3779B97F4A7C15)) & MASK64
-    x = ((x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)) & MASK64
-    x = ((x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)) & MASK64
-    return x ^ (x >> np.uint64(31))
 
 
 def sample_ranks(u: np.ndarray, size: int, s: float, q: float) -> np.ndarray:
@@ -122,21 +116,28 @@ def sample_features(rng: np.random.Generator, n: int, day: int, keys: np.ndarray
     return dense, dense_missing, ranks
 
 
-def hex_column(ranks: np.ndarray, key: int) -> pa.Array:
-    """8 lowercase hex digits per rank (a hash of key and rank); rank -1 becomes an empty field."""
+def hex_column(ranks: np.ndarray, key: int, generations: np.ndarray | None = None) -> pa.Array:
+    """8 lowercase hex digits per rank (a hash of key and rank, and of the rank's generation under
+    `--drift`: a new value in the slot); rank -1 becomes an empty field."""
     present = ranks >= 0
-    hashed = (mix64(ranks[present].astype(np.uint64) ^ np.uint64(key)) >> np.uint64(32)).astype(np.uint32)
+    slots = ranks[present].astype(np.uint64) ^ np.uint64(key)
+    if generations is not None:  # generation 0 keeps the day-0 value
+        gen = generations[present].astype(np.uint64)
+        slots = slots ^ np.where(gen > 0, mix64(gen * np.uint64(0x9E37) + np.uint64(key)), np.uint64(0))
+    hashed = (mix64(slots) >> np.uint64(32)).astype(np.uint32)
     data = HEX_PAIRS[hashed.astype(">u4").view(np.uint8)].tobytes()  # 4 bytes -> 4 pairs of hex digits
     offsets = np.zeros(len(ranks) + 1, dtype=np.int32)
     np.cumsum(present * 8, out=offsets[1:])
     return pa.StringArray.from_buffers(len(ranks), pa.py_buffer(offsets), pa.py_buffer(data))
 
 
-def chunk_table(labels, dense, dense_missing, ranks, keys) -> pa.Table:
-    """The 40 raw columns of one chunk; missing fields are nulls or empty strings (both write as empty)."""
+def chunk_table(labels, dense, dense_missing, ranks, keys, generations=None) -> pa.Table:
+    """The 40 raw columns of one chunk; missing fields are nulls or empty strings (both write as empty).
+    `generations`: [n, 26] of each value's slot under `--drift` (None: none)."""
     arrays = [pa.array(labels.astype(np.int8))]
     arrays += [pa.array(dense[:, j], mask=dense_missing[:, j]) for j in range(len(DENSE))]
-    arrays += [hex_column(ranks[:, c], int(keys[c])) for c in range(len(SPARSE))]
+    arrays += [hex_column(ranks[:, c], int(keys[c]), None if generations is None else generations[:, c])
+               for c in range(len(SPARSE))]
     return pa.Table.from_arrays(arrays, names=list(RAW_COLUMNS))
 
 
@@ -147,8 +148,10 @@ def make_teacher(seed: int) -> Teacher:
     return calibrate(teacher, dense, ranks, target_auc=TARGET_AUC, target_ctr=TARGET_CTR)
 
 
-def write_day(path: Path, rows: int, day: int, seed: int, teacher: Teacher, gzip: bool) -> AucCounter:
-    """Write one day file atomically; returns the exact label counts per teacher code.
+def write_day(path: Path, rows: int, day: int, seed: int, teacher: Teacher, gzip: bool,
+              drift: Drift | None = None) -> AucCounter:
+    """Write one day file atomically; returns the exact label counts per teacher code. `teacher`: the
+    day's (moved by `drift`, whose new values the rows get).
 
     A writer thread formats and writes (and compresses) chunk k while this thread draws chunk k+1;
     at most two chunks are alive at once.
@@ -167,9 +170,11 @@ def write_day(path: Path, rows: int, day: int, seed: int, teacher: Teacher, gzip
                 codes = teacher.codes(dense, ranks)
                 labels = rng.random(n) < probs[codes]
                 counter.update(codes, labels)
+                generations = None if drift is None else \
+                    np.stack([drift.generations(c, ranks[:, c], day) for c in range(len(SPARSE))], axis=1)
                 if pending is not None:
                     pending.result()  # sync point: keeps chunks in order and memory at two chunks
-                pending = writer.submit(write_chunk, sink, labels, dense, dense_missing, ranks, keys)
+                pending = writer.submit(write_chunk, sink, labels, dense, dense_missing, ranks, keys, generations)
             if pending is not None:
                 pending.result()
             if gzip:
@@ -180,17 +185,19 @@ def write_day(path: Path, rows: int, day: int, seed: int, teacher: Teacher, gzip
     return counter
 
 
-def write_chunk(sink, labels, dense, dense_missing, ranks, keys) -> None:
+def write_chunk(sink, labels, dense, dense_missing, ranks, keys, generations=None) -> None:
     """Format one chunk as tab-separated lines and append it to `sink`."""
     options = pa_csv.WriteOptions(include_header=False, delimiter="\t", quoting_style="none")
-    pa_csv.write_csv(chunk_table(labels, dense, dense_missing, ranks, keys), sink, options)
+    pa_csv.write_csv(chunk_table(labels, dense, dense_missing, ranks, keys, generations), sink, options)
 
 
-def synthesize(out, rows: int, days: int, seed: int, gzip: bool = False, tracker=None) -> dict:
+def synthesize(out, rows: int, days: int, seed: int, gzip: bool = False, tracker=None, drift: float = 0.0) -> dict:
     """Write `out/day_{d}.tsv[.gz]` for d < days (`rows` rows each) and `out/synth.json`; returns its content.
 
-    The files are raw Criteo format: label, I1..I13, C1..C26, tab-separated, empty = missing.
+    The files are raw Criteo format: label, I1..I13, C1..C26, tab-separated, empty = missing. `drift`:
+    the share F of values new each day and of the teacher's move (`ctrflow.datasets.drift`; 0: none).
     """
+    check_drift(drift)
     if rows < 1 or days < 1:
         raise UserError(f"--rows and --days must be at least 1 (got rows={rows}, days={days})")
     if seed < 0:
@@ -203,9 +210,18 @@ def synthesize(out, rows: int, days: int, seed: int, gzip: bool = False, tracker
     teacher = make_teacher(seed)
     report = {"version": VERSION, "rows": rows, "days": days, "seed": seed, "gzip": gzip,
               "files": [], "teacher_auc": {}, "ctr": {}}
+    drifting = Drift(drift, seed) if drift else None
+    if drifting is not None:
+        report["drift"] = drifting.record()
     for day in range(days):
         path = out / f"day_{day}.tsv{'.gz' if gzip else ''}"
-        counter = write_day(path, rows, day, seed, teacher, gzip)
+        if drifting is not None and day:
+            fresh = build_teacher(seed, [size for size, _, _ in CATEGORICAL], DENSE_MU, DENSE_SD, drifting.rng(day))
+            teacher = drifting.move(teacher, fresh, day)  # the day's tastes, at the same click rate
+            dense, _, ranks = sample_features(np.random.default_rng([seed, 1 << 20]), CALIBRATION_ROWS, day,
+                                              column_keys(seed))
+            teacher = recenter(teacher, dense, ranks, TARGET_CTR)
+        counter = write_day(path, rows, day, seed, teacher, gzip, drifting)
         report["files"].append({"path": path.name, "rows": rows, "bytes": path.stat().st_size})
         report["teacher_auc"][f"day_{day}"] = round(counter.auc(), 6)
         report["ctr"][f"day_{day}"] = round(counter.ctr(), 6)
@@ -213,7 +229,7 @@ def synthesize(out, rows: int, days: int, seed: int, gzip: bool = False, tracker
     write_json(out / "synth.json", report)
     seconds = time.perf_counter() - started
     if tracker is not None:
-        tracker.log_params({"rows": rows, "days": days, "seed": seed, "gzip": gzip})
+        tracker.log_params({"rows": rows, "days": days, "seed": seed, "gzip": gzip, "drift": drift})
         metrics = {f"teacher_auc_{k}": v for k, v in report["teacher_auc"].items()}
         metrics.update({f"ctr_{k}": v for k, v in report["ctr"].items()})
         tracker.log_metrics({**metrics, "rows_per_s": rows * days / seconds})

@@ -8,7 +8,9 @@ what a model sees after preprocessing (user, movie, the genre bag, log1p of age 
 user's taste for genres and movies is a learnable pairwise effect.
 
 Rows are drawn in chunks of `CHUNK_ROWS`, each from its own random stream: the same (rows, days,
-seed) give the same bytes.
+seed, drift) give the same bytes. `--drift F` (`ctrflow.datasets.drift`): from day 1 on, users and movies
+are replaced by new ones (new ids: the slot's day-0 id + generation * universe; a new movie keeps its
+slot's genres, age and price) and the teacher's tastes move, each by a share F a day.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import pyarrow.csv as pa_csv
 
 from ctrflow.datasets.movielens.description import (COLUMNS, DESCRIPTION_FILE, GENRE_NAMES, MAX_GENRES, NAME,
                                                     SEPARATOR, description_text)
-from ctrflow.datasets.teacher import AucCounter, Teacher, calibrate, code_probabilities, draw_table, fm_table
+from ctrflow.datasets.drift import Drift, check_drift
+from ctrflow.datasets.teacher import (AucCounter, Teacher, calibrate, code_probabilities, draw_table, fm_table,
+                                      recenter)
 from ctrflow.errors import UserError
 
 VERSION = 1
@@ -86,27 +90,35 @@ def teacher_inputs(rows: dict[str, np.ndarray]):
     return dense, np.stack([rows["users"], rows["items"]], axis=1), (rows["genres"],)
 
 
-def make_teacher(seed: int, world: World) -> Teacher:
-    """The seed's teacher, scaled on a calibration sample to AUC ~0.80 and a like rate ~0.35."""
-    rng = np.random.default_rng([seed, 0x7EAC4E6])
+def draw_teacher(rng: np.random.Generator, dense_mu=np.zeros(2), dense_sd=np.ones(2)) -> Teacher:
+    """An uncalibrated teacher: user and movie tables, the genre bag's, the dense features', in that order
+    from `rng` (a drifting day's fresh draw has the same shapes and scales)."""
     tables = (draw_table(rng, FIELD_WEIGHTS["user"], USERS[0]), draw_table(rng, FIELD_WEIGHTS["item"], ITEMS[0]))
     bag = draw_table(rng, FIELD_WEIGHTS["genres"], len(GENRE_NAMES))
+    dense_table = fm_table(rng.standard_normal(2) * DENSE_WEIGHT, rng.standard_normal((2, 4)) * 0.4 * DENSE_WEIGHT)
+    return Teacher(tables=tables, dense_table=dense_table, dense_mu=dense_mu, dense_sd=dense_sd, bag_tables=(bag,))
+
+
+def make_teacher(seed: int, world: World) -> Teacher:
+    """The seed's teacher, scaled on a calibration sample to AUC ~0.80 and a like rate ~0.35."""
     sample = sample_rows(np.random.default_rng([seed, 1 << 20]), CALIBRATION_ROWS, world)
     dense, ranks, bags = teacher_inputs(sample)
     logs = np.log1p(dense)
-    dense_table = fm_table(rng.standard_normal(2) * DENSE_WEIGHT, rng.standard_normal((2, 4)) * 0.4 * DENSE_WEIGHT)
-    teacher = Teacher(tables=tables, dense_table=dense_table, dense_mu=logs.mean(axis=0),
-                      dense_sd=logs.std(axis=0) + 1e-9, bag_tables=(bag,))
+    teacher = draw_teacher(np.random.default_rng([seed, 0x7EAC4E6]), logs.mean(axis=0), logs.std(axis=0) + 1e-9)
     return calibrate(teacher, dense, ranks, target_auc=TARGET_AUC, target_ctr=TARGET_CTR, bags=bags)
 
 
 def chunk_table(rng: np.random.Generator, rows: dict[str, np.ndarray], labels: np.ndarray, world: World,
-                day: int, start: int, total: int) -> pa.Table:
+                day: int, start: int, total: int, drift: Drift | None = None) -> pa.Table:
     """The CSV columns of one chunk (missing values are nulls: empty fields)."""
     n = len(labels)
     # timestamps rise through the day: row i of `total` sits at i/total of it, plus jitter
     seconds = ((np.arange(start, start + n) + rng.random(n)) * (86_400 / total)).astype(np.int64)
-    arrays = [pa.array(world.user_ids[rows["users"]]), pa.array(world.item_ids[rows["items"]]),
+    users, items = world.user_ids[rows["users"]], world.item_ids[rows["items"]]
+    if drift is not None:  # a slot's g-th new value: its day-0 id + g * universe (distinct from every other)
+        users = users + drift.generations(0, rows["users"], day) * USERS[0]
+        items = items + drift.generations(1, rows["items"], day) * ITEMS[0]
+    arrays = [pa.array(users), pa.array(items),
               world.genre_text.take(pa.array(rows["items"])), pa.array(rows["age"]),
               pa.array(rows["price"], mask=rows["price_missing"]), pa.array(START + day * 86_400 + seconds),
               pa.array(labels.astype(np.int8))]
@@ -114,8 +126,9 @@ def chunk_table(rng: np.random.Generator, rows: dict[str, np.ndarray], labels: n
 
 
 def write_day(path: Path, rows: int, day: int, seed: int, world: World, teacher: Teacher,
-              gzip: bool) -> AucCounter:
-    """Write one day file atomically (header, then the rows); returns the exact label counts per code."""
+              gzip: bool, drift: Drift | None = None) -> AucCounter:
+    """Write one day file atomically (header, then the rows); returns the exact label counts per code.
+    `teacher`: the day's (moved by `drift`, whose new users and movies the rows get)."""
     probs, counter = code_probabilities(), AucCounter()
     tmp = path.with_name(path.name + ".tmp")
     try:
@@ -131,7 +144,7 @@ def write_day(path: Path, rows: int, day: int, seed: int, world: World, teacher:
                 counter.update(codes, labels)
                 # quoting "none": no value holds a comma, a quote or a line break
                 options = pa_csv.WriteOptions(include_header=False, quoting_style="none")
-                pa_csv.write_csv(chunk_table(rng, sample, labels, world, day, start, rows), sink, options)
+                pa_csv.write_csv(chunk_table(rng, sample, labels, world, day, start, rows, drift), sink, options)
             if gzip:
                 sink.close()
         os.replace(tmp, path)
@@ -140,9 +153,11 @@ def write_day(path: Path, rows: int, day: int, seed: int, world: World, teacher:
     return counter
 
 
-def synthesize(out, rows: int, days: int, seed: int, gzip: bool = False, tracker=None) -> dict:
+def synthesize(out, rows: int, days: int, seed: int, gzip: bool = False, tracker=None, drift: float = 0.0) -> dict:
     """Write `out/day_{d}.csv[.gz]` for d < days (`rows` rows each), `out/movielens.yaml` (their
-    dataset description) and `out/synth.json`; returns synth.json's content."""
+    dataset description) and `out/synth.json`; returns synth.json's content. `drift`: the share F of
+    users and movies new each day and of the teacher's move (`ctrflow.datasets.drift`; 0: none)."""
+    check_drift(drift)
     if rows < 1 or days < 1:
         raise UserError(f"--rows and --days must be at least 1 (got rows={rows}, days={days})")
     if seed < 0:
@@ -156,9 +171,17 @@ def synthesize(out, rows: int, days: int, seed: int, gzip: bool = False, tracker
     teacher = make_teacher(seed, world)
     report = {"version": VERSION, "dataset": NAME, "description": DESCRIPTION_FILE, "rows": rows, "days": days,
               "seed": seed, "gzip": gzip, "files": [], "teacher_auc": {}, "ctr": {}}
+    drifting = Drift(drift, seed) if drift else None
+    if drifting is not None:
+        report["drift"] = drifting.record()
     for day in range(days):
         path = out / f"day_{day}.csv{'.gz' if gzip else ''}"
-        counter = write_day(path, rows, day, seed, world, teacher, gzip)
+        if drifting is not None and day:  # the day's tastes, at the same like rate
+            teacher = drifting.move(teacher, draw_teacher(drifting.rng(day)), day)
+            sample = sample_rows(np.random.default_rng([seed, 1 << 20]), CALIBRATION_ROWS, world)
+            dense, ranks, bags = teacher_inputs(sample)
+            teacher = recenter(teacher, dense, ranks, TARGET_CTR, bags)
+        counter = write_day(path, rows, day, seed, world, teacher, gzip, drifting)
         report["files"].append({"path": path.name, "rows": rows, "bytes": path.stat().st_size})
         report["teacher_auc"][f"day_{day}"] = round(counter.auc(), 6)
         report["ctr"][f"day_{day}"] = round(counter.ctr(), 6)
@@ -167,7 +190,7 @@ def synthesize(out, rows: int, days: int, seed: int, gzip: bool = False, tracker
     write_atomic(out / "synth.json", json.dumps(report, indent=2) + "\n")
     seconds = time.perf_counter() - started
     if tracker is not None:
-        tracker.log_params({"dataset": NAME, "rows": rows, "days": days, "seed": seed, "gzip": gzip})
+        tracker.log_params({"dataset": NAME, "rows": rows, "days": days, "seed": seed, "gzip": gzip, "drift": drift})
         metrics = {f"teacher_auc_{k}": v for k, v in report["teacher_auc"].items()}
         metrics.update({f"ctr_{k}": v for k, v in report["ctr"].items()})
         tracker.log_metrics({**metrics, "rows_per_s": rows * days / seconds})

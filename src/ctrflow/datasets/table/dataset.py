@@ -127,9 +127,10 @@ class TableDataset:
             return bytes_per_block(source, chunk_rows)
         return BLOCK_BYTES
 
-    def merge_stage(self, runs: list[str], thresholds: list[int], range_entries: int) -> StringMergeStage:
-        """The vocabulary merge of one column per task."""
-        return StringMergeStage(runs, thresholds, range_entries)
+    def merge_stage(self, runs: list[str], thresholds: list[int], range_entries: int,
+                    previous: str = "") -> StringMergeStage:
+        """The vocabulary merge of one column per task (`previous`: the processed data it grows, or "")."""
+        return StringMergeStage(runs, thresholds, range_entries, previous, self.description.sparse)
 
     def transform_stage(self, data_dir: str, compression: str, vocab_dir: str = "",
                         tables=None) -> TableTransformStage:
