@@ -8,7 +8,7 @@ from typing import Any
 
 from ctrflow.errors import UserError
 from ctrflow_pipelines.compile import compile_pipeline
-from ctrflow_pipelines.submit import HEALTHZ, check_reachable, one_line, quiet_client
+from ctrflow_pipelines.submit import api_host, kfp_api
 
 
 def kfp_cron(expression: str) -> str:
@@ -29,25 +29,17 @@ def schedule_kfp(host: str, cron: str, arguments: dict[str, Any], pipeline: str 
     """Create a recurring run of `pipeline` (compiled now, with `arguments` as its parameters) on the
     KFP API server at `host`, started by `cron`; returns the recurring run's id."""
     import kfp
-    from kfp_server_api.exceptions import ApiException
 
     if max_concurrency < 1:
         raise UserError(f"--max-concurrency {max_concurrency}: must be at least 1")
     expression = kfp_cron(cron)
-    host = host if host.startswith(("http://", "https://")) else "https://" + host  # as kfp.Client reads it
-    check_reachable(host)  # one line for a host without a KFP API, as `submit`
-    with tempfile.TemporaryDirectory() as tmp, quiet_client():
+    host = api_host(host)  # one line for a host without a KFP API, as `submit`
+    with tempfile.TemporaryDirectory() as tmp, kfp_api(host):
         package = compile_pipeline(Path(tmp) / "pipeline.yaml", pipeline)
-        try:
-            client = kfp.Client(host=host, namespace=namespace)
-            experiment_id = client.create_experiment(experiment, namespace=namespace).experiment_id
-            recurring = client.create_recurring_run(
-                experiment_id, job_name or f"ctrflow-{pipeline}", cron_expression=expression,
-                pipeline_package_path=str(package), params=arguments, max_concurrency=max_concurrency,
-                no_catchup=not catchup)
-        except ApiException as err:
-            raise UserError(f"--host {host}: the KFP API answered HTTP {err.status} {err.reason}: "
-                            f"{one_line(err.body)}") from None
-        except TimeoutError:  # kfp.Client's health check retried and gave up
-            raise UserError(f"--host {host}: GET {HEALTHZ} kept failing: is it a Kubeflow Pipelines API?") from None
+        client = kfp.Client(host=host, namespace=namespace)
+        experiment_id = client.create_experiment(experiment, namespace=namespace).experiment_id
+        recurring = client.create_recurring_run(
+            experiment_id, job_name or f"ctrflow-{pipeline}", cron_expression=expression,
+            pipeline_package_path=str(package), params=arguments, max_concurrency=max_concurrency,
+            no_catchup=not catchup)
     return recurring.recurring_run_id

@@ -23,22 +23,37 @@ def submit_kfp(host: str, arguments: dict[str, Any], experiment: str = "ctrflow"
     """Create a run of `pipeline` on the KFP API server at `host`; returns the KFP run id.
     A host that cannot be reached, or that answers with an error, is a one-line `UserError`."""
     import kfp
+
+    host = api_host(host)
+    with tempfile.TemporaryDirectory() as tmp, kfp_api(host):
+        package = compile_pipeline(Path(tmp) / "pipeline.yaml", pipeline)
+        client = kfp.Client(host=host, namespace=namespace)
+        run = client.create_run_from_pipeline_package(str(package), arguments=arguments, run_name=run_name,
+                                                      experiment_name=experiment, namespace=namespace)
+    return run.run_id
+
+
+def api_host(host: str) -> str:
+    """`host` as kfp.Client reads it (https:// unless a scheme is given), checked to answer HTTP."""
+    host = host if host.startswith(("http://", "https://")) else "https://" + host
+    check_reachable(host)
+    return host
+
+
+@contextlib.contextmanager
+def kfp_api(host: str):
+    """Calls to the KFP API at `host` inside: its error answers, and a health check that kept failing,
+    become one-line `UserError`s; the client's warnings and retry tracebacks are not shown."""
     from kfp_server_api.exceptions import ApiException
 
-    host = host if host.startswith(("http://", "https://")) else "https://" + host  # as kfp.Client reads it
-    check_reachable(host)
-    with tempfile.TemporaryDirectory() as tmp, quiet_client():
-        package = compile_pipeline(Path(tmp) / "pipeline.yaml", pipeline)
+    with quiet_client():
         try:
-            client = kfp.Client(host=host, namespace=namespace)
-            run = client.create_run_from_pipeline_package(str(package), arguments=arguments, run_name=run_name,
-                                                          experiment_name=experiment, namespace=namespace)
+            yield
         except ApiException as err:
             raise UserError(f"--host {host}: the KFP API answered HTTP {err.status} {err.reason}: "
                             f"{one_line(err.body)}") from None
         except TimeoutError:  # kfp.Client's health check retried and gave up
             raise UserError(f"--host {host}: GET {HEALTHZ} kept failing: is it a Kubeflow Pipelines API?") from None
-    return run.run_id
 
 
 def check_reachable(host: str) -> None:

@@ -41,18 +41,23 @@ def read_config(source: str) -> dict[str, Any]:
         path = PRESETS_DIR / f"{source}.yaml"
     if not path.is_file():
         raise UserError(f"--config {source}: no such file or preset (presets: {', '.join(preset_names())})")
-    text = path.read_text()
-    if path.suffix == ".json":
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise UserError(f"{path}: line {err.lineno}, column {err.colno}: {err.msg}") from None
-    else:
-        raw = _parse_yaml(text, path)
+    raw = parse_file(path)
     raw = {} if raw is None else raw
     if isinstance(raw, dict) and isinstance(raw.get("asked"), dict) and "resolved" in raw:
         raw = raw["asked"]  # a checkpoint's config.json: the run as asked for
     return check_config(raw, str(path))
+
+
+def parse_file(path: Path) -> Any:
+    """What the YAML or JSON file `path` holds (JSON by its `.json` suffix); a syntax error is one
+    `UserError` naming the file, line and column."""
+    text = path.read_text()
+    if path.suffix != ".json":
+        return _parse_yaml(text, path)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise UserError(f"{path}: line {err.lineno}, column {err.colno}: {err.msg}") from None
 
 
 def _parse_yaml(text: str, path: Path) -> Any:

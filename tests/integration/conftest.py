@@ -1,5 +1,5 @@
-"""Session fixtures shared by the pipeline and MLflow UI tests: a real `mlflow server` on
-127.0.0.1, and one local run of the whole KFP pipeline tracked in it."""
+"""Session fixtures shared by the integration tests: a real `mlflow server` on 127.0.0.1, one local
+run of the whole KFP pipeline tracked in it, and the serving venv with a real tritonserver."""
 
 from __future__ import annotations
 
@@ -18,6 +18,20 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENT = "ctrflow-integration"
 MODEL_NAME = "ctr_integration"
+
+
+@pytest.fixture(scope="session")
+def serving_venv() -> Path:
+    """The serving venv, or a skip saying how to make it (a failure in CI, where `make test` makes it)."""
+    from ctrflow.serve.tritonserver import find_serving_venv
+
+    venv = find_serving_venv()
+    if venv is None:
+        reason = "serving venv absent: run scripts/setup_triton.sh (or set CTRFLOW_TRITON_VENV)"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return venv
 
 
 def _free_port() -> int:

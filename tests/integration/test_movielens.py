@@ -7,7 +7,6 @@ scores them; and the quality bar: one epoch of default training on 200,000 rows 
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pandas as pd
@@ -63,15 +62,12 @@ def test_every_model_trains_evaluates_and_exports_on_the_described_table(chain):
     assert json.loads((chain["repo"] / "validation.json").read_text())["max_abs_diff"] <= 1e-5
 
 
-def test_the_server_answers_raw_csv_rows_as_predict_scores_them(chain, tmp_path):
+def test_the_server_answers_raw_csv_rows_as_predict_scores_them(chain, tmp_path, serving_venv):
     import tritonclient.http as httpclient
 
-    from ctrflow.serve.tritonserver import TritonServer, find_serving_venv
+    from ctrflow.serve.tritonserver import TritonServer
 
-    venv = find_serving_venv()
-    if venv is None:
-        reason = "serving venv absent: run scripts/setup_triton.sh (or set CTRFLOW_TRITON_VENV)"
-        pytest.fail(reason) if os.environ.get("CI") else pytest.skip(reason)
+    venv = serving_venv
     lines = (chain["raw"] / "day_1.csv").read_text().splitlines()[:301]
     (tmp_path / "rows.csv").write_text("\n".join(lines) + "\n")
     frame = pd.read_csv(tmp_path / "rows.csv", dtype=str, keep_default_na=False)  # the text of each field

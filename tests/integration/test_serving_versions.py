@@ -13,10 +13,8 @@ import the ctrflow the serving venv holds (the checkout it was set up from).
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -27,23 +25,12 @@ from ctrflow.datasets.table.raw import read_raw_rows
 from ctrflow.preprocess.transform import description_of
 from ctrflow.schema import Schema
 from ctrflow.serve import raw_inputs
-from ctrflow.serve.tritonserver import TritonServer, find_serving_venv
+from ctrflow.serve.tritonserver import TritonServer
 
 pytestmark = pytest.mark.integration
 NAME = "ctr"
 ROWS = 64
 POLL_SECS = 1
-
-
-@pytest.fixture(scope="module")
-def serving_venv() -> Path:
-    venv = find_serving_venv()
-    if venv is None:
-        reason = "serving venv absent: run scripts/setup_triton.sh (or set CTRFLOW_TRITON_VENV)"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return venv
 
 
 @pytest.fixture(scope="module", autouse=True)

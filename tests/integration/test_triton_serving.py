@@ -11,7 +11,6 @@ from): its embedded Python ignores PYTHONPATH.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from ctrflow.datasets.table.raw import read_raw_rows
 from ctrflow.preprocess.transform import description_of
 from ctrflow.schema import Schema
 from ctrflow.serve import raw_inputs
-from ctrflow.serve.tritonserver import TritonServer, find_serving_venv
+from ctrflow.serve.tritonserver import TritonServer
 
 pytestmark = pytest.mark.integration
 NAME = "ctr"
@@ -35,18 +34,6 @@ DATASETS = {  # synth --dataset, the day files, the description preprocess reads
     "criteo": ("day_0.tsv", "day_1.tsv", "criteo"),
     "movielens-like": ("day_0.csv", "day_1.csv", "movielens.yaml"),
 }
-
-
-@pytest.fixture(scope="module")
-def serving_venv() -> Path:
-    """The serving venv, or a skip saying how to make it (a failure in CI, where `make test` makes it)."""
-    venv = find_serving_venv()
-    if venv is None:
-        reason = "serving venv absent: run scripts/setup_triton.sh (or set CTRFLOW_TRITON_VENV)"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return venv
 
 
 @pytest.fixture(scope="module", autouse=True)

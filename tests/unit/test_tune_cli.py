@@ -18,7 +18,7 @@ pytest.importorskip("optuna")
 from ctrflow.cli import main  # noqa: E402
 from ctrflow.config import DataConfig, TrainConfig  # noqa: E402
 from ctrflow.schema import Schema  # noqa: E402
-from ctrflow.tune.study import _alive  # noqa: E402
+from ctrflow.processes import process_alive  # noqa: E402
 from ctrflow.tune.trial import TrialProcess, slot_env, trial_config  # noqa: E402
 from tests.fixtures.training import write_processed  # noqa: E402
 
@@ -105,8 +105,8 @@ def test_an_exited_unreaped_process_is_not_alive():
     recovered at once, not after the heartbeat's grace period."""
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     deadline = time.monotonic() + 30
-    while _alive(child.pid) and time.monotonic() < deadline:  # exited, not waited for: a zombie
+    while process_alive(child.pid) and time.monotonic() < deadline:  # exited, not waited for: a zombie
         time.sleep(0.05)
-    assert not _alive(child.pid)
+    assert not process_alive(child.pid)
     child.wait()
-    assert _alive(os.getpid())
+    assert process_alive(os.getpid())

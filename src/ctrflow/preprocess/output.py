@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from ctrflow.preprocess.parallel import start_context
 from ctrflow.errors import UserError
 from ctrflow.features import LABEL, Features
+from ctrflow.processes import process_alive
 
 def part_schema(features: Features) -> pa.Schema:
     """The columns of every part, all REQUIRED (never null; Parquet then stores no definition levels):
@@ -64,18 +65,8 @@ def _remove_stale(out: Path) -> None:
     """Remove what an interrupted run (killed, so no cleanup) left: `DIR.tmp-PID` of a dead PID."""
     for leftover in out.parent.glob(f"{glob.escape(out.name)}.*-*"):
         kind, _, pid = leftover.name[len(out.name) + 1:].partition("-")
-        if kind in ("tmp", "old") and pid.isdigit() and not _alive(int(pid)):
+        if kind in ("tmp", "old") and pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(leftover, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def check_out_dir(out: Path) -> None:

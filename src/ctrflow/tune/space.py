@@ -20,14 +20,13 @@ cannot be searched.
 
 from __future__ import annotations
 
-import json
 import typing
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
 from ctrflow.config import TrainConfig
-from ctrflow.config_file import check_value
+from ctrflow.config_file import check_value, parse_file
 from ctrflow.errors import UserError
 
 THRESHOLD = "freq_threshold"  # the data's frequency threshold: a view of the processed data per value
@@ -141,22 +140,7 @@ def read_space(path: str | Path) -> SearchSpace:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"--space {path}: no such file")
-    text = path.read_text()
-    if path.suffix == ".json":
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise UserError(f"{path}: line {err.lineno}, column {err.colno}: {err.msg}") from None
-    else:
-        import yaml
-
-        try:
-            raw = yaml.safe_load(text)
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-            raise UserError(f"{path}: {where}{getattr(err, 'problem', None) or err}") from None
-    return parse_space(raw, str(path))
+    return parse_space(parse_file(path), str(path))
 
 
 def parse_space(raw: Any, where: str) -> SearchSpace:

@@ -22,6 +22,7 @@ from ctrflow.config import TrainConfig
 from ctrflow.errors import UserError
 from ctrflow.tune.space import SearchSpace
 from ctrflow.tune.trial import DIRECTIONS
+from ctrflow.processes import process_alive
 
 SETTINGS_ATTR = "ctrflow.settings"
 HEARTBEAT_S = 20  # a worker marks its trials alive this often; one silent for 3x is taken as gone
@@ -156,26 +157,11 @@ def recover(study: Study) -> list:
     host = socket.gethostname()
     for t in study.optuna.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         pid = t.user_attrs.get("pid")
-        if t.user_attrs.get("host") == host and pid and pid != os.getpid() and not _alive(int(pid)):
+        if t.user_attrs.get("host") == host and pid and pid != os.getpid() and not process_alive(int(pid)):
             study.optuna.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
             requeue(study.optuna, t)
     optuna.storages.fail_stale_trials(study.optuna)
     return [t for t in study.optuna.get_trials(deepcopy=False, states=(TrialState.FAIL,)) if t.number not in before]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a process that exited but was not yet reaped (its parent gone, an init that reaps late) still
-    # answers signal 0: a zombie runs no trial
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 __all__ = ["HEARTBEAT_S", "PRUNERS", "SAMPLERS", "Study", "StudySettings", "default_storage", "open_study",

@@ -1,0 +1,21 @@
+"""Whether a process that left work behind (a staging folder, a claimed trial) still runs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` of this machine runs: it exists (signal 0 reaches it, or it belongs to
+    another user) and is not a zombie (exited, not yet reaped by a parent or an init that reaps late)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # no /proc (macOS): signal 0 is all there is
+        return True
