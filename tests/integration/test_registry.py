@@ -93,8 +93,8 @@ def test_promote_never_makes_a_model_at_or_below_chance_the_champion(mlflow_uri,
         version = register(mlflow_uri, name, ckpt, data, auc=auc)
         capsys.readouterr()
         assert main(flags) == 1
-        assert capsys.readouterr().out == (f"not promoted: candidate version {version} AUC {auc:.6f} is not above "
-                                           f"chance (0.5); no champion yet\n")
+        assert capsys.readouterr().out == (f"not promoted: candidate version {version} AUC {auc:.6f} is at or "
+                                           f"below chance (0.5) (recorded AUCs)\n")
         assert client.get_registered_model(name).aliases.get("champion") is None
 
     old = register(mlflow_uri, name, ckpt, data, auc=0.45)
@@ -102,15 +102,16 @@ def test_promote_never_makes_a_model_at_or_below_chance_the_champion(mlflow_uri,
     version = register(mlflow_uri, name, ckpt, data, auc=0.48)  # better than the champion, still below chance
     capsys.readouterr()
     assert main(flags) == 1
-    assert capsys.readouterr().out == (f"not promoted: candidate version {version} AUC 0.480000 is not above chance "
-                                       f"(0.5); champion version {old} AUC 0.450000\n")
+    assert capsys.readouterr().out == (f"not promoted: candidate version {version} AUC 0.480000 is at or below "
+                                       f"chance (0.5) (recorded AUCs)\n")
     assert champion(mlflow_uri, name) == old
 
     version = register(mlflow_uri, name, ckpt, data, auc=0.61)
     capsys.readouterr()
     assert main(flags) == 0
     assert capsys.readouterr().out == (f"promoted {name} version {version} to champion: candidate version {version} "
-                                       f"AUC 0.610000 >= champion version {old} AUC 0.450000\n")
+                                       f"AUC 0.610000 >= champion version {old} AUC 0.450000 + min gain 0 "
+                                       f"(gain +0.160000) (recorded AUCs)\n")
 
 
 def test_promote_reads_the_auc_of_the_evaluate_step_of_the_same_pipeline_run(mlflow_uri, trained):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ctrflow.checkpoint import load_model
+from ctrflow.checkpoint import load_model, resolve_checkpoint
 
 from tests.fixtures.training import write_processed
 
@@ -46,9 +46,14 @@ def straight(data, tmp_path_factory) -> Path:
     return out
 
 
+def last(out: Path) -> Path:
+    """The run's newest step (`load_model` of a run folder reads its best)."""
+    return resolve_checkpoint(out, pick="last")
+
+
 def assert_same_weights(a: Path, b: Path) -> None:
-    first, _, _ = load_model(a)
-    second, _, _ = load_model(b)
+    first, _, _ = load_model(last(a))
+    second, _, _ = load_model(last(b))
     for (name, x), y in zip(first.state_dict().items(), second.state_dict().values()):
         assert torch.equal(x, y), name
 
@@ -78,11 +83,11 @@ def test_sigkilled_run_resumes_to_the_weights_of_an_uninterrupted_run(data, stra
     signal_when(proc, lambda: latest.exists() and latest.read_text().strip() >= "step_00000024", signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
-    stopped_at = load_model(killed)[2]["step"]
+    stopped_at = load_model(last(killed))[2]["step"]
     assert 24 <= stopped_at < EPOCHS * EPOCH_STEPS
 
     subprocess.run(command(data, killed, "--resume", str(killed)), check=True, env=ENV, capture_output=True)
-    assert load_model(killed)[2]["step"] == EPOCHS * EPOCH_STEPS
+    assert load_model(last(killed))[2]["step"] == EPOCHS * EPOCH_STEPS
     assert_same_weights(killed, straight)
 
 
@@ -96,7 +101,7 @@ def test_signal_checkpoints_the_step_in_flight_and_resume_continues_exactly(data
     _, err = proc.communicate(timeout=120)
 
     assert proc.returncode == code, err
-    meta = load_model(out)[2]
+    meta = load_model(last(out))[2]
     step = meta["step"]
     assert 24 <= step < EPOCHS * EPOCH_STEPS
     assert (out / "latest").read_text().strip() == f"step_{step:08d}"  # the step in flight, not the epoch's end
@@ -110,7 +115,7 @@ def test_signal_checkpoints_the_step_in_flight_and_resume_continues_exactly(data
                              capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed from {out}/step_{step:08d} at step {step}" in resumed.stdout
-    assert load_model(out)[2]["step"] == EPOCHS * EPOCH_STEPS
+    assert load_model(last(out))[2]["step"] == EPOCHS * EPOCH_STEPS
     assert_same_weights(out, straight)
     assert logged_steps(out) == logged_steps(straight)
 
@@ -135,7 +140,7 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(data, tmp_p
     errs = [p.communicate(timeout=180)[1] for p in procs]
 
     assert [p.returncode for p in procs] == [143, 143], errs
-    step = load_model(out)[2]["step"]
+    step = load_model(last(out))[2]["step"]
     assert step % 10 == 0 and 10 <= step < EPOCHS * EPOCH_STEPS  # the ranks compare their flags every 10 steps
     assert errs[0].strip().splitlines()[-1].startswith(f"ctrflow train: stopped: SIGTERM at step {step};")
     assert "stopped" not in errs[1] and "Traceback" not in errs[0] + errs[1]
