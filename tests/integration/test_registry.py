@@ -264,7 +264,7 @@ def test_min_gain_asks_for_a_real_improvement(mlflow_uri, trained):
 def test_a_candidate_at_chance_is_never_promoted(mlflow_uri, trained):
     from ctrflow.promotion import promote
 
-    name = MODEL + "-chance"
+    name = MODEL + "-at-chance"  # its own model: the test above leaves a champion on "-chance"
     register(mlflow_uri, name, trained / "ckpt40", trained / "data", auc=0.5)
 
     verdict = promote(name, mlflow_uri)  # no champion yet, and still refused
