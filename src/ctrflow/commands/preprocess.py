@@ -16,6 +16,9 @@ import json
 from ctrflow.errors import UserError
 from ctrflow.tracking import add_tracking_flags, tracker_from_args
 
+# Everything the step writes is closed and renamed into place when `run` returns: the process ends
+# without tearing the interpreter down (`ctrflow.cli.exit_at_once`).
+EXIT_AT_ONCE = True
 ACTIONS = {
     "count": "per-file fan-out, step 1: count one file's values into COUNTS_DIR",
     "merge": "step 2: merge every COUNTS_DIR into the vocabularies and the part numbering",
@@ -143,6 +146,16 @@ def _run_action(args: argparse.Namespace) -> dict:
     return fanout.finalize(args.out, args.counts, args.vocab, args.parts)
 
 
+def _imports_for(dataset: str | None):
+    """A described table's run keeps pandas out of its processes (`without_pandas`); Criteo's passes use it."""
+    from contextlib import nullcontext
+
+    from ctrflow.datasets.catalog import BUILT_IN
+    from ctrflow.preprocess.without_pandas import pandas_unavailable
+
+    return nullcontext() if dataset is None or str(dataset) in BUILT_IN else pandas_unavailable()
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the step (or one fan-out action); prints a one-line JSON summary."""
     from ctrflow.preprocess.run import preprocess
@@ -153,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.train or not args.out:
         raise UserError("give --train FILE... and --out DIR (or one of: count, merge, transform, finalize)")
-    with tracker_from_args(args, "preprocess") as tracker:
+    with tracker_from_args(args, "preprocess") as tracker, _imports_for(args.dataset):
         summary = preprocess(args.train, args.valid, args.out, freq_threshold=args.freq_threshold,
                              valid_fraction=args.valid_fraction, workers=args.workers,
                              on_bad_rows=args.on_bad_rows, engine=args.engine, seed=args.seed,
