@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
-from importlib.abc import MetaPathFinder
 from typing import Iterator
 
 
-class _RefusePandas(MetaPathFinder):
-    """An import finder that answers every import of pandas with ModuleNotFoundError."""
+class _RefusePandas:
+    """An import finder (`sys.meta_path`) that answers every import of pandas with ModuleNotFoundError."""
 
     def find_spec(self, name, path=None, target=None):
         """Refuse `pandas` and its submodules; leave every other module to the other finders."""
