@@ -172,6 +172,6 @@ def run(args: argparse.Namespace) -> int:
                              on_bad_rows=args.on_bad_rows, engine=args.engine, seed=args.seed,
                              tracker=tracker, chunk_rows=args.chunk_rows, progress=args.progress,
                              compression=args.compression, device=args.device, dataset=args.dataset,
-                             vocab_from=args.vocab_from)
+                             vocab_from=args.vocab_from, detach_removal=True)
     print(json.dumps({k: summary[k] for k in ("out", "rows", "rows_read", "rows_rejected", "seconds")}))
     return 0
