@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from ctrflow.errors import UserError
 from ctrflow.tracking import add_tracking_flags, tracker_from_args
@@ -90,8 +91,24 @@ def _dataset_flag(parser: argparse.ArgumentParser, default: str | None = "criteo
                              "table: format, label, dense, categorical, multi_hot columns (see docs/datasets.md)")
 
 
+def _import_without_blas_threads() -> None:
+    """Import the preprocessing library (numpy first) with OpenBLAS kept to this thread: the step never
+    multiplies matrices, and OpenBLAS's threads spin ~0.1 CPU-s when numpy loads it, beside the startup.
+    The setting is read when numpy loads, and this process's environment is restored right after (the
+    processes it starts, and numpy where it was loaded already, keep theirs)."""
+    name = "OPENBLAS_NUM_THREADS"
+    before = os.environ.get(name)
+    os.environ.setdefault(name, "1")
+    try:
+        import ctrflow.preprocess.run  # noqa: F401
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     """Flags of the preprocess step (names are a contract: the step contract in docs/) and its fan-out actions."""
+    _import_without_blas_threads()
     from ctrflow.preprocess.run import COMPRESSIONS, DEFAULT_CHUNK_ROWS, DEFAULT_COMPRESSION
 
     # --train/--out are required for the single run; checked in `run` so that the actions parse
