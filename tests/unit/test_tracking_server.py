@@ -96,3 +96,18 @@ def exists(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_process_whose_server_went_idle_starts_another(tmp_path, monkeypatch):
+    from ctrflow.tracking import background, make_tracker
+
+    monkeypatch.setenv("CTRFLOW_TRACKING_IDLE_SECS", "1")
+    monkeypatch.setattr(server, "socket_path", lambda: tmp_path / "own.sock")
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    background.prepare(store)  # starts the server, as a step's flags do
+    for name in ("first", "second"):  # the second run comes after the first server has exited
+        with make_tracker(store, "srv", name) as tracker:
+            tracker.log_params({"run": name})
+        assert wait_gone(tmp_path / "own.sock", 60)
+    client = mlflow.MlflowClient(store)
+    assert client.get_run(tracker.run_id).data.params == {"run": "second"}

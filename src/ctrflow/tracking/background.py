@@ -214,9 +214,10 @@ def _take_prepared(uri: str) -> tuple[socket.socket | None, tuple[Path, int | No
     started by this process)."""
     path = server.socket_path()
     conn = _prepared.pop(uri, None) or server.connect(path)
-    if conn is None and path not in _starting:
-        _starting[path] = server.ensure_started(path)
-    return conn, (path, _starting.get(path))
+    pid = _starting.pop(path, None)
+    if conn is None and pid is None:
+        pid = server.ensure_started(path)
+    return conn, (path, pid)
 
 
 def _close_at_exit(ref: weakref.ref) -> None:

@@ -100,14 +100,17 @@ def ensure_started(path: Path) -> int | None:
 def wait_connected(path: Path, pid: int | None) -> socket.socket:
     """Connect to the server at `path`, starting one if none listens, and waiting while it imports."""
     deadline = time.monotonic() + START_SECS
+    retried = False
     while True:
         sock = connect(path)
         if sock is not None:
             return sock
-        if pid is not None and not alive(pid):
-            log = path.with_suffix(".log")
-            last = (log.read_text(errors="replace").strip().splitlines() or ["no output"])[-1]
-            raise UserError(f"the MLflow tracking server exited while starting: {last} (log: {log})")
+        if pid is not None and not alive(pid):  # gone: stopped since it was started, or failed to start
+            if retried:
+                log = path.with_suffix(".log")
+                last = (log.read_text(errors="replace").strip().splitlines() or ["no output"])[-1]
+                raise UserError(f"the MLflow tracking server exited while starting: {last} (log: {log})")
+            retried, pid = True, None
         if pid is None:
             pid = ensure_started(path)
         if time.monotonic() > deadline:
