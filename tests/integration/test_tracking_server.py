@@ -23,6 +23,8 @@ STEP = """
 import json
 from ctrflow.tracking import make_tracker
 
+pytestmark = pytest.mark.integration
+
 with make_tracker("sqlite:///mlflow.db", "srv", "step") as tracker:
     tracker.log_params({"where": "here"})
 print(json.dumps({"run_id": tracker.run_id}))

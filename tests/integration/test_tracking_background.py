@@ -23,6 +23,8 @@ import json, os, sys
 from pathlib import Path
 from ctrflow.tracking import make_tracker
 
+pytestmark = pytest.mark.integration
+
 uri, mode = sys.argv[1], sys.argv[2]
 tracker = make_tracker(uri, "bg", "step", tags={"ctrflow.step": "train"})
 tracker.log_params({"lr": 0.01, "model": "dlrm"})

@@ -14,7 +14,7 @@ from ctrflow.checkpoint import dense_state, load_model
 from ctrflow.cli import main
 from tests.fixtures.serving import processed_data
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_thread")]
 
 # fast rates on 600 noisy rows: the validation AUC goes up and down, and the last is not the best
 SMALL = ["--batch-size", "64", "--embedding-dim", "4", "--bottom-mlp", "8", "--top-mlp", "8", "--lr", "0.02",

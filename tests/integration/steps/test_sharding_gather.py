@@ -12,6 +12,10 @@ from ctrflow.embedding.plan import plan_sharding
 from ctrflow.embedding.sharded import gather_whole, gathered_on_main
 from ctrflow.embedding.tables import TableConfig
 
+import pytest
+
+pytestmark = pytest.mark.integration
+
 TABLES = [TableConfig("t_a", 11, 4, "C1"), TableConfig("t_b", 6, 4, "C2")]
 
 

@@ -14,6 +14,10 @@ import torch.multiprocessing as mp
 
 from tests.fixtures.sharding_fused import check, compare_dlrm, worker
 
+import pytest
+
+pytestmark = pytest.mark.integration
+
 def test_two_ranks_match_the_fused_collection_on_the_global_batch(tmp_path):
     results = mp.Manager().dict()
     mp.spawn(worker, args=(2, str(tmp_path / "store"), results), nprocs=2, join=True)

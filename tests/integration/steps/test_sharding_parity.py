@@ -13,6 +13,10 @@ import torch.multiprocessing as mp
 
 from tests.fixtures.sharding_parity import check_results, worker
 
+import pytest
+
+pytestmark = pytest.mark.integration
+
 def test_two_ranks_match_plain_collection_for_every_sharding(tmp_path):
     results = mp.Manager().dict()
     mp.spawn(worker, args=(2, str(tmp_path / "store"), results), nprocs=2, join=True)
