@@ -12,18 +12,16 @@ from pathlib import Path
 import pytest
 
 from ctrflow.errors import UserError
-from ctrflow.tracking import make_tracker
-from ctrflow.tracking import server
+from ctrflow.tracking import make_tracker, server
 from ctrflow.tracking.background import BackgroundTracker
 
+pytestmark = pytest.mark.integration
 mlflow = pytest.importorskip("mlflow")
 
 STEP = """
 import json, os, sys
 from pathlib import Path
 from ctrflow.tracking import make_tracker
-
-pytestmark = pytest.mark.integration
 
 uri, mode = sys.argv[1], sys.argv[2]
 tracker = make_tracker(uri, "bg", "step", tags={"ctrflow.step": "train"})

@@ -17,13 +17,12 @@ import pytest
 
 from ctrflow.tracking import server
 
+pytestmark = pytest.mark.integration
 mlflow = pytest.importorskip("mlflow")
 
 STEP = """
 import json
 from ctrflow.tracking import make_tracker
-
-pytestmark = pytest.mark.integration
 
 with make_tracker("sqlite:///mlflow.db", "srv", "step") as tracker:
     tracker.log_params({"where": "here"})

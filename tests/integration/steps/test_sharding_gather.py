@@ -4,6 +4,7 @@ bf16 shards, while the other rank gets only a placeholder."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -11,8 +12,6 @@ import torch.multiprocessing as mp
 from ctrflow.embedding.plan import plan_sharding
 from ctrflow.embedding.sharded import gather_whole, gathered_on_main
 from ctrflow.embedding.tables import TableConfig
-
-import pytest
 
 pytestmark = pytest.mark.integration
 
