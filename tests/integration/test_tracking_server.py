@@ -17,6 +17,7 @@ import pytest
 
 from ctrflow.tracking import server
 
+pytestmark = pytest.mark.integration
 mlflow = pytest.importorskip("mlflow")
 
 STEP = """

@@ -14,7 +14,7 @@ from ctrflow.checkpoint import dense_state, load_model
 from ctrflow.cli import main
 from tests.fixtures.serving import processed_data
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_thread")]
 
 # fast constant rates (no decay after the first epoch) on 600 noisy rows: the validation AUC goes up and
 # down, and the last is not the best

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from ctrflow.errors import UserError
-from ctrflow.tracking import make_tracker
-from ctrflow.tracking import server
+from ctrflow.tracking import make_tracker, server
 from ctrflow.tracking.background import BackgroundTracker
 
+pytestmark = pytest.mark.integration
 mlflow = pytest.importorskip("mlflow")
 
 STEP = """
