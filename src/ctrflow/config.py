@@ -62,7 +62,11 @@ class OptimConfig:
     embedding_l2: float = 1e-2
     weight_decay: float = 0.0  # dense only
     warmup_steps: int = 0  # linear warmup from 0
-    decay_start_step: int | None = None  # polynomial decay from here; None: no decay
+    # polynomial decay to min_lr_factor at the run's last step, from the end of this epoch: the first
+    # epoch at the full rate, every later one decaying (a one-epoch run never decays). At a constant
+    # rate the second epoch lost up to 0.004 AUC on movielens-like (benchmarks/quality.md). None: no decay
+    decay_start_epoch: int | None = 1
+    decay_start_step: int | None = None  # polynomial decay from this step instead (None: decay_start_epoch)
     decay_steps: int = 0  # steps to decay over (0: until the run's last step)
     decay_power: float = 2.0
     min_lr_factor: float = 0.0  # the factor the decay ends at

@@ -1,11 +1,3 @@
 """Unit tests never write an MLflow store (integration tests start a real server instead)."""
 
-import pytest
-
-
-@pytest.fixture(scope="package", autouse=True)
-def _tracking_off():
-    # Package scope: set before any module-scoped fixture runs a step.
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MLFLOW_TRACKING_URI", "none")
-        yield
+from tests.fixtures.tracking_off import tracking_off  # noqa: F401 (an autouse fixture for this package)

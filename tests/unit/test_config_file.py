@@ -23,7 +23,7 @@ def printed_config(capsys, *argv: str) -> str:
 def test_print_config_fed_back_gives_the_same_config(tmp_path, capsys):
     first = printed_config(capsys, "--config", "mlperf-dlrm", "--data", "d", "--out", "o", "--model", "dcnv2",
                            "--deep-mlp", "512,256,128", "--cross-rank", "64", "--dropout", "0.25",
-                           "--decay-start-step", "none", "--no-shuffle", "--sparse-lr", "0.5", "--overwrite")
+                           "--decay-start-step", "none", "--decay-start-epoch", "none", "--no-shuffle", "--sparse-lr", "0.5", "--overwrite")
     (tmp_path / "run.yaml").write_text(first)
     again = printed_config(capsys, "--config", str(tmp_path / "run.yaml"))
     assert again == first
@@ -31,8 +31,8 @@ def test_print_config_fed_back_gives_the_same_config(tmp_path, capsys):
     assert config.model == ModelConfig(name="dcnv2", embedding_dim=128, bottom_mlp=(512, 256),
                                        top_mlp=(1024, 1024, 512, 256), deep_mlp=(512, 256, 128), cross_layers=3,
                                        cross_rank=64, dropout=0.25, embedding_init_scale=1.0)
-    assert (config.optim.decay_start_step, config.optim.sparse_lr, config.data.shuffle, config.overwrite) == \
-        (None, 0.5, False, True)
+    assert (config.optim.decay_start_step, config.optim.decay_start_epoch, config.optim.sparse_lr,
+            config.data.shuffle, config.overwrite) == (None, None, 0.5, False, True)
     assert "deep_mlp: [512, 256, 128]" in first  # widths read as written
 
 

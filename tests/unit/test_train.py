@@ -45,7 +45,12 @@ def test_cli_logs_every_step_and_learns_above_chance(data_dir, tmp_path, capsys)
     assert all({"loss", "lr", "samples_per_s"} <= set(r) for r in records)
     aucs = [r["auc"] for r in records if "auc" in r]
     assert len(aucs) == 5  # steps 10, 16 (epoch end), 20, 30, 32
-    assert aucs[-1] > 0.62  # 32 steps: the default embedding rate (the dense one) learns slowly this early
+    # 32 steps: the default embedding rate (the dense one) learns slowly this early, and the default
+    # schedule decays the second epoch's rate (0.618 here; 0.643 at a constant rate)
+    assert aucs[-1] > 0.61
+    lrs = [r["lr"] for r in records]  # the default schedule: epoch 1 at --lr, epoch 2 decaying towards 0
+    assert lrs[:17] == [pytest.approx(1e-3)] * 17 and lrs[-1] == pytest.approx(1e-3 / 256)  # (1 - 15/16) ** 2
+    assert all(a > b for a, b in zip(lrs[16:], lrs[17:]))
     assert np.mean([r["loss"] for r in records[-5:]]) < np.mean([r["loss"] for r in records[:5]])
     assert (out / "latest").read_text().strip() == "step_00000032"
     assert "valid auc" in capsys.readouterr().out
@@ -109,11 +114,30 @@ def test_lr_schedule_warms_up_then_decays_polynomially_to_the_end():
     from ctrflow.train.optim import lr_factor
 
     cfg = OptimConfig(warmup_steps=4, decay_start_step=10, decay_power=2.0)
-    factors = [lr_factor(step, cfg, total_steps=20) for step in range(20)]
+    factors = [lr_factor(step, cfg, total_steps=20, epoch_steps=5) for step in range(20)]
     assert factors[:4] == [0.25, 0.5, 0.75, 1.0]
     assert factors[4:11] == [1.0] * 7
     assert factors[15] == pytest.approx(0.25)  # (1 - 5/10) ** 2
     assert all(a >= b for a, b in zip(factors[10:], factors[11:]))
+
+
+def test_lr_schedule_by_default_keeps_the_first_epoch_and_decays_the_later_ones_to_zero():
+    from ctrflow.config import OptimConfig
+    from ctrflow.train.optim import lr_factor
+
+    cfg = OptimConfig()  # the defaults: decay from the end of epoch 1, power 2, down to 0
+    two_epochs = [lr_factor(step, cfg, total_steps=20, epoch_steps=10) for step in range(20)]
+    assert two_epochs[:11] == [1.0] * 11  # all of epoch 1, and the first step of epoch 2
+    assert two_epochs[15] == pytest.approx(0.25)  # (1 - 5/10) ** 2
+    assert two_epochs[19] == pytest.approx(0.01)  # the last step: (1 - 9/10) ** 2
+    three_epochs = [lr_factor(step, cfg, total_steps=30, epoch_steps=10) for step in range(30)]
+    assert three_epochs[:11] == [1.0] * 11 and three_epochs[20] == pytest.approx(0.25)  # over epochs 2 and 3
+    # one epoch (the short runs, a warm-started day): a constant rate, as before the default changed
+    assert [lr_factor(step, cfg, total_steps=48, epoch_steps=48) for step in range(48)] == [1.0] * 48
+    # an explicit step wins; no epoch, no step: no decay
+    assert lr_factor(10, OptimConfig(decay_start_step=5), total_steps=15, epoch_steps=10) == pytest.approx(0.25)
+    flat = OptimConfig(decay_start_epoch=None)
+    assert [lr_factor(step, flat, total_steps=20, epoch_steps=10) for step in range(20)] == [1.0] * 20
 
 
 def test_resuming_a_finished_run_writes_a_checkpoint_without_training(data_dir, tmp_path):

@@ -32,7 +32,7 @@ def export_torchscript(model: nn.Module, features, path: str | os.PathLike) -> P
     script, and their forward has no data-dependent control flow. The trace runs on two rows and
     is checked by torch on the same inputs; `validate` compares it on held-out rows of other
     batch sizes. Triton moves the module to its instance's device; the traces of ctrflow's models
-    record no device constants (tests/unit/test_export.py checks), so GPU instances work too.
+    record no device constants (tests/integration/steps/test_export.py checks), so GPU instances work too.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -59,9 +59,10 @@ def make_tracker(uri: str | None, experiment: str = "ctrflow", run_name: str | N
                  background: bool = True) -> Tracker:
     """An MLflow tracker, or a `NullTracker` when tracking is off or mlflow is not installed.
 
-    With `background` (the default) the run is logged by a worker process that starts now and works
-    beside the step (`BackgroundTracker`): importing mlflow and opening the store stay off the step's
-    path. Without it, every call is made here and returns when logged.
+    With `background` (the default) the run is logged by a worker process beside the step, forked
+    from a tracking server that has imported mlflow (`BackgroundTracker`, `ctrflow.tracking.server`):
+    importing mlflow and opening the store stay off the step's path. Without it, every call is made
+    here and returns when logged.
     """
     uri = resolve_tracking_uri(uri)
     if uri.lower() == "none":

@@ -1,12 +1,13 @@
 """`Tracker` whose MLflow work runs in a process of its own, beside the step.
 
-Importing mlflow and opening a SQLite store costs seconds of CPU (the sqlalchemy models and the
-schema check), which a step would otherwise pay before its first row. `ctrflow.cli` starts the
-worker (`ctrflow.tracking.worker`) as soon as a step's flags are parsed (`prepare_from_args`), so
-that it imports mlflow and opens the store while the step imports its own libraries; the step's
-`BackgroundTracker` takes it over and sends it every call as one JSON line. Params, metrics and tags
-are sent and the step goes on; an artifact is logged before `log_artifact` returns (the step may
-delete the file next); `close` waits until everything sent is logged and the run is ended, so a
+Importing mlflow and opening a SQLite store costs seconds of CPU, which a step would otherwise pay
+before its first row. The run is logged by a worker forked from the tracking server
+(`ctrflow.tracking.server`), which has imported mlflow once for every command of a while.
+`ctrflow.cli` connects to it (starting the server if none runs) as soon as a step's flags are parsed
+(`prepare_from_args`), so that the store opens while the step imports its own libraries; the step's
+`BackgroundTracker` takes the connection over and sends every call as one JSON line. Params, metrics
+and tags are sent and the step goes on; an artifact is logged before `log_artifact` returns (the step
+may delete the file next); `close` waits until everything sent is logged and the run is ended, so a
 command returns only once its run is complete, also when it fails. If the step's process dies
 without closing, the worker logs what it received and ends the run FAILED.
 """
@@ -17,15 +18,15 @@ import atexit
 import json
 import os
 import select
-import subprocess
+import socket
 import sys
 import time
 import weakref
 from pathlib import Path
 from typing import Any, Mapping
 
-import ctrflow
 from ctrflow.errors import UserError
+from ctrflow.tracking import server
 from ctrflow.tracking.base import Tracker
 
 
@@ -36,7 +37,9 @@ class BackgroundTracker(Tracker):
     def __init__(self, uri: str, experiment: str = "ctrflow", run_name: str | None = None,
                  parent_run_id: str | None = None, tags: Mapping[str, str] | None = None) -> None:
         self.uri = uri
-        self._proc = _take_prepared(uri) or start_worker()
+        # a server still importing mlflow is waited for only when a reply is: requests queue meanwhile
+        self._conn, self._server = _take_prepared(uri)
+        self._pending: list[bytes] = []
         self._sent = 0
         self._buffer = b""
         self._replies: dict[int, dict] = {}
@@ -85,8 +88,8 @@ class BackgroundTracker(Tracker):
         try:
             self._wait(self._send("close", wait=True, check=False, status=status), check=False)
         finally:
-            self._proc.stdin.close()
-            self._proc.wait()
+            if self._conn is not None:
+                self._conn.close()
         self._raise_failure()
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -103,18 +106,35 @@ class BackgroundTracker(Tracker):
             self._collect(block=False)
             self._raise_failure()
         self._sent += 1
-        try:
-            self._proc.stdin.write((json.dumps({"n": self._sent, "op": op, "wait": wait, **args}) + "\n").encode())
-            self._proc.stdin.flush()
-        except BrokenPipeError:
-            self._failure = self._failure or f"the tracking worker exited ({self._proc.wait()})"
+        self._pending.append((json.dumps({"n": self._sent, "op": op, "wait": wait, **args}) + "\n").encode())
+        self._deliver(block=False)
         return self._sent
+
+    def _deliver(self, block: bool) -> None:
+        """Send the queued requests once connected (waiting for the server when `block`)."""
+        if not self._pending:
+            return
+        if self._conn is None:
+            path, pid = self._server
+            try:
+                self._conn = server.wait_connected(path, pid) if block else server.connect(path)
+            except UserError as err:
+                self._failure = self._failure or str(err)
+                self._server = (path, None)
+            if self._conn is None:
+                return
+        try:
+            self._conn.sendall(b"".join(self._pending))
+        except OSError:
+            self._failure = self._failure or LOST
+        self._pending.clear()
 
     def _wait(self, n: int, check: bool = True) -> dict:
         """The worker's reply to call `n` (everything sent before it is done by then)."""
-        while n not in self._replies:
+        self._deliver(block=True)
+        while self._conn is not None and n not in self._replies:
             if not self._collect(block=True) and n not in self._replies:
-                self._failure = self._failure or f"the tracking worker exited ({self._proc.wait()})"
+                self._failure = self._failure or LOST
                 break
         if check:
             self._raise_failure()
@@ -122,9 +142,13 @@ class BackgroundTracker(Tracker):
 
     def _collect(self, block: bool) -> bool:
         """Read the replies that arrived (blocking for at least one when `block`); False at EOF."""
-        fd = self._proc.stdout.fileno()
-        while block or select.select([fd], [], [], 0)[0]:
-            chunk = os.read(fd, 1 << 16)
+        if self._conn is None:  # not connected yet: no reply can have come
+            return True
+        while block or select.select([self._conn], [], [], 0)[0]:
+            try:
+                chunk = self._conn.recv(1 << 16)
+            except OSError:
+                chunk = b""
             if not chunk:
                 return False
             *lines, self._buffer = (self._buffer + chunk).split(b"\n")
@@ -143,34 +167,30 @@ class BackgroundTracker(Tracker):
             raise UserError(f"MLflow tracking ({self.uri}): {self._failure}")
 
 
-def start_worker() -> subprocess.Popen:
-    """A new worker process (`ctrflow.tracking.worker`), reading requests on its stdin."""
-    library = str(Path(ctrflow.__file__).resolve().parents[1])  # the worker imports this same ctrflow
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [library, os.environ.get("PYTHONPATH")]))}
-    # a session of its own: Ctrl-C reaches the step, which then closes the run as FAILED
-    return subprocess.Popen([sys.executable, "-m", "ctrflow.tracking.worker"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, env=env, start_new_session=True)
+LOST = "the tracking worker ended before the run was closed"
 
-
-_prepared: dict[str, subprocess.Popen] = {}  # a worker already opening the store at this URI
+_prepared: dict[str, socket.socket] = {}  # a worker already opening the store at this URI
+_starting: dict[Path, int | None] = {}  # a server this process started (its pid), not yet connected to
 
 
 def prepare(uri: str, experiment: str = "ctrflow") -> None:
-    """Start a worker that imports mlflow and opens the store at `uri` now, while the step imports its
-    own libraries on the other cores; the step's `BackgroundTracker` then takes it over. A worker no
-    tracker took is stopped when the interpreter exits (it holds no run)."""
+    """Have a worker open the store at `uri` now, while the step imports its own libraries; the
+    step's `BackgroundTracker` then takes it over. When no server runs, start one and return. A
+    worker no tracker took ends, holding no run, when this process exits."""
     if uri in _prepared:
         return
-    proc = start_worker()
-    try:
-        proc.stdin.write((json.dumps({"n": 0, "op": "prepare", "wait": False, "uri": uri,
-                                      "experiment": experiment}) + "\n").encode())
-        proc.stdin.flush()
-    except BrokenPipeError:
+    path = server.socket_path()
+    conn = server.connect(path)
+    if conn is None:
+        _starting[path] = server.ensure_started(path)
         return
-    _prepared[uri] = proc
-    if len(_prepared) == 1:
-        atexit.register(_stop_prepared)
+    try:
+        conn.sendall((json.dumps({"n": 0, "op": "prepare", "wait": False, "uri": uri,
+                                  "experiment": experiment}) + "\n").encode())
+    except OSError:
+        conn.close()
+        return
+    _prepared[uri] = conn
 
 
 def prepare_from_args(args) -> None:
@@ -188,16 +208,16 @@ def prepare_from_args(args) -> None:
     prepare(uri, getattr(args, "experiment", None) or "ctrflow")
 
 
-def _take_prepared(uri: str) -> subprocess.Popen | None:
-    proc = _prepared.pop(uri, None)
-    return proc if proc is not None and proc.poll() is None else None
-
-
-def _stop_prepared() -> None:
-    while _prepared:
-        _, proc = _prepared.popitem()
-        proc.kill()
-        proc.wait()
+def _take_prepared(uri: str) -> tuple[socket.socket | None, tuple[Path, int | None]]:
+    """A prepared worker's connection for `uri`, else a connection to a new worker if the server
+    listens, else None after starting the server; with the server's socket and pid (None: not
+    started by this process)."""
+    path = server.socket_path()
+    conn = _prepared.pop(uri, None) or server.connect(path)
+    pid = _starting.pop(path, None)
+    if conn is None and pid is None:
+        pid = server.ensure_started(path)
+    return conn, (path, pid)
 
 
 def _close_at_exit(ref: weakref.ref) -> None:

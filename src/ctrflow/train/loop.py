@@ -239,7 +239,7 @@ def _fit(s: Session, stop: StopSignals) -> dict[str, Any]:
     try:
         while s.step < s.total_steps and s.epoch < cfg.epochs and not s.best.stop:
             for batch in s.train_loader.batches(s.epoch, start=s.batch):
-                s.optimizers.set_lr_factor(lr_factor(s.step, cfg.optim, s.total_steps))
+                s.optimizers.set_lr_factor(lr_factor(s.step, cfg.optim, s.total_steps, len(s.train_loader)))
                 log.add(step_fn(s.model, batch, s.optimizers, s.runtime.device, s.amp))
                 s.step, s.batch = s.step + 1, s.batch + 1
                 epoch_end = s.batch == len(s.train_loader)
@@ -284,7 +284,7 @@ def train_step(model: nn.Module, batch: Batch, optimizers: Optimizers, device: t
 def _periodic(s: Session, log: ProgressLog, done: dict[str, int], last: bool) -> dict[str, float] | None:
     """Report, validate and checkpoint when their turn (or the epoch's or run's end) comes."""
     cfg, step = s.config, s.step
-    lr = s.optimizers.base_lrs[0] * lr_factor(step - 1, cfg.optim, s.total_steps)
+    lr = s.optimizers.base_lrs[0] * lr_factor(step - 1, cfg.optim, s.total_steps, len(s.train_loader))
     evaluate = s.valid_loader is not None and (last or (cfg.eval_every and step % cfg.eval_every == 0))
     save = last or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
     valid, best = None, False

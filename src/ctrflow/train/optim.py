@@ -144,13 +144,25 @@ def sparse_memory(cfg: OptimConfig):
     return memory_of
 
 
-def lr_factor(step: int, cfg: OptimConfig, total_steps: int) -> float:
+def lr_factor(step: int, cfg: OptimConfig, total_steps: int, epoch_steps: int) -> float:
     """DLRM schedule: linear warmup over `warmup_steps`, flat, then polynomial decay from
-    `decay_start_step` over `decay_steps` (0: until `total_steps`) down to `min_lr_factor`."""
+    `decay_start_step` (None: the end of epoch `decay_start_epoch`, `epoch_steps` steps each; both None:
+    no decay) over `decay_steps` (0: until `total_steps`) down to `min_lr_factor`."""
     if cfg.warmup_steps and step < cfg.warmup_steps:
         return (step + 1) / cfg.warmup_steps
-    if cfg.decay_start_step is None or step < cfg.decay_start_step:
+    start = decay_start(cfg, epoch_steps)
+    if start is None or step < start:
         return 1.0
-    span = cfg.decay_steps or max(total_steps - cfg.decay_start_step, 1)
-    remaining = max(0.0, 1.0 - (step - cfg.decay_start_step) / span)
+    span = cfg.decay_steps or max(total_steps - start, 1)
+    remaining = max(0.0, 1.0 - (step - start) / span)
     return cfg.min_lr_factor + (1.0 - cfg.min_lr_factor) * remaining ** cfg.decay_power
+
+
+def decay_start(cfg: OptimConfig, epoch_steps: int) -> int | None:
+    """The step the learning-rate decay starts at: `decay_start_step`, else the end of epoch
+    `decay_start_epoch`; None: no decay."""
+    if cfg.decay_start_step is not None:
+        return cfg.decay_start_step
+    if cfg.decay_start_epoch is None:
+        return None
+    return cfg.decay_start_epoch * epoch_steps

@@ -4,6 +4,7 @@ bf16 shards, while the other rank gets only a placeholder."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -11,6 +12,8 @@ import torch.multiprocessing as mp
 from ctrflow.embedding.plan import plan_sharding
 from ctrflow.embedding.sharded import gather_whole, gathered_on_main
 from ctrflow.embedding.tables import TableConfig
+
+pytestmark = pytest.mark.integration
 
 TABLES = [TableConfig("t_a", 11, 4, "C1"), TableConfig("t_b", 6, 4, "C2")]
 

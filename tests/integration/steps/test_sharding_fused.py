@@ -9,10 +9,14 @@ the next step's ids routed ahead).
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 
 from tests.fixtures.sharding_fused import check, compare_dlrm, worker
+
+pytestmark = pytest.mark.integration
+
 
 def test_two_ranks_match_the_fused_collection_on_the_global_batch(tmp_path):
     results = mp.Manager().dict()

@@ -28,6 +28,8 @@ from ctrflow.train.optim import build_optimizers
 from tests.fixtures.bags import bag_batches
 from tests.fixtures.checkpoint import SCHEMA, assert_same, build_sharded, config, snapshot, train_steps
 
+pytestmark = pytest.mark.integration
+
 BAG_FEATURES = Features(dense=(Feature("I1", "dense", transform="log1p"), Feature("I2", "dense", transform="none")),
                         sparse=(Feature("C1", "categorical", 20), Feature("G", "multi_hot", 30, 4, "sum"),
                                 Feature("C2", "categorical", 9), Feature("H", "multi_hot", 15, 3, "mean")))

@@ -10,6 +10,8 @@ import pytest
 
 from ctrflow.tracking import NullTracker, finish_pipeline_run, make_tracker, start_pipeline_run
 
+pytestmark = pytest.mark.integration
+
 mlflow = pytest.importorskip("mlflow")
 
 

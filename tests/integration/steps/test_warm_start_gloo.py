@@ -20,6 +20,8 @@ from ctrflow.train.warm_start import warm_start
 from tests.fixtures.checkpoint import assert_same, build_sharded, snapshot
 from tests.fixtures.warm_start import config, make_days
 
+pytestmark = pytest.mark.integration
+
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,8 @@ from ctrflow.embedding.optimizers import SparseOptimizer
 from ctrflow.embedding.tables import TableConfig
 from tests.fixtures.embedding_l2 import KINDS, worker
 
+pytestmark = pytest.mark.integration
+
 L2 = 0.05  # large against these few steps, so that a path that skips or doubles it differs clearly
 
 

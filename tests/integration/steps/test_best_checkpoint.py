@@ -14,11 +14,13 @@ from ctrflow.checkpoint import dense_state, load_model
 from ctrflow.cli import main
 from tests.fixtures.serving import processed_data
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_thread")]
 
-# fast rates on 600 noisy rows: the validation AUC goes up and down, and the last is not the best
+# fast constant rates (no decay after the first epoch) on 600 noisy rows: the validation AUC goes up and
+# down, and the last is not the best
 SMALL = ["--batch-size", "64", "--embedding-dim", "4", "--bottom-mlp", "8", "--top-mlp", "8", "--lr", "0.02",
-         "--sparse-lr", "0.2", "--eval-every", "3", "--no-progress", "--tracking-uri", "none"]
+         "--sparse-lr", "0.2", "--decay-start-epoch", "none", "--eval-every", "3", "--no-progress",
+         "--tracking-uri", "none"]
 
 
 def train(data: Path, out: Path, *flags: str) -> None:

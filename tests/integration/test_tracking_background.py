@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from ctrflow.errors import UserError
-from ctrflow.tracking import make_tracker
+from ctrflow.tracking import make_tracker, server
 from ctrflow.tracking.background import BackgroundTracker
 
+pytestmark = pytest.mark.integration
 mlflow = pytest.importorskip("mlflow")
 
 STEP = """
@@ -95,6 +96,7 @@ def test_a_step_starts_its_worker_when_parsed_and_its_tracker_takes_it_over(stor
     from ctrflow.tracking import background
 
     monkeypatch.setattr(background, "_prepared", {})
+    server.wait_connected(server.socket_path(), None).close()  # a server runs (a step finding none starts one)
     raw = tmp_path / "day.tsv"
     raw.write_text("")
     count = ["preprocess", "--tracking-uri", store, "count", "--input", str(raw), "--out", str(tmp_path / "c")]
@@ -107,6 +109,6 @@ def test_a_step_starts_its_worker_when_parsed_and_its_tracker_takes_it_over(stor
     background.prepare_from_args(build_parser(step).parse_args(step))
     worker = background._prepared[store]
     with make_tracker(store, "bg", "preprocess") as tracker:
-        assert tracker._proc is worker and background._prepared == {}
+        assert tracker._conn is worker and background._prepared == {}
         tracker.log_params({"rows": 3})
     assert mlflow.MlflowClient(store).get_run(tracker.run_id).data.params == {"rows": "3"}

@@ -5,6 +5,7 @@ several steps with Adam, on a plan with whole and replicated tables."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -21,6 +22,8 @@ from ctrflow.train.fused import FusedTables
 from ctrflow.train.loop import train_step
 from ctrflow.train.optim import Optimizers
 from ctrflow.features import Features
+
+pytestmark = pytest.mark.integration
 
 SIZES = [5 + 3 * i for i in range(26)]
 

@@ -17,6 +17,8 @@ import ctrflow_components as components  # noqa: E402
 from ctrflow.preprocess.run import preprocess  # noqa: E402
 from ctrflow.schema import Schema
 
+pytestmark = pytest.mark.integration
+
 OFF = {"tracking_uri": "none"}  # module fixtures run before conftest's per-test tracking switch
 
 

@@ -23,6 +23,8 @@ from ctrflow.export.validate import check_repository
 from ctrflow.export.versions import served_version, version_numbers
 from ctrflow.predict import predict
 
+pytestmark = pytest.mark.integration
+
 ROWS = slice(0, 60)
 GROWN = "C1"  # the feature whose vocabulary grows on the new day
 PERTURBED = [2, 3, 5]  # rows of the GROWN table the new day's training moved

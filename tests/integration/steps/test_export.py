@@ -16,6 +16,8 @@ from ctrflow.export.triton import read_config
 from ctrflow.export.validate import check_repository
 from ctrflow.predict import predict
 
+pytestmark = pytest.mark.integration
+
 ROWS = slice(0, 50)  # first 50 lines of the validation day
 BACKENDS = ("onnxruntime", "pytorch", "python")
 

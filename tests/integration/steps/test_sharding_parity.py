@@ -9,9 +9,13 @@ slot looked up and pooled by `pool_bags` in one process.
 
 from __future__ import annotations
 
+import pytest
 import torch.multiprocessing as mp
 
 from tests.fixtures.sharding_parity import check_results, worker
+
+pytestmark = pytest.mark.integration
+
 
 def test_two_ranks_match_plain_collection_for_every_sharding(tmp_path):
     results = mp.Manager().dict()
