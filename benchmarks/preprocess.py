@@ -9,7 +9,8 @@ values, a year, a price with missing values, an unused timestamp, a 0/1 label; `
 value quoted, as Arrow's CSV writer does) and its dataset description. Then, alternating, whole
 processes both: `python -c "pyarrow.csv.read_csv(FILE)"` (all threads, type inference) and
 `python -m ctrflow preprocess --dataset DESCRIPTION --train FILE --out DIR --tracking-uri none`; the best
-wall time of `--repeats` each gives the ratio (imports, process start and exit included on both sides).
+wall time of `--repeats` each gives the ratio (imports, process start and exit included on both sides;
+ctrflow's modules are compiled to bytecode first, as an installed package's are).
 
 Synthetic Criteo-format rows (`ctrflow.datasets.criteo.synth`; a plain numpy generator where that is absent)
 are written once to a work directory. Then, in the same run: pyarrow.csv.read_csv of the file
@@ -24,6 +25,7 @@ machine they say more than wall time. `--hugectr-script` runs HugeCTR's pandas p
 from __future__ import annotations
 
 import argparse
+import compileall
 import hashlib
 import json
 import os
@@ -228,7 +230,11 @@ def bench_table(args) -> dict:
     description = work / "movies.yaml"
     description.write_text(DESCRIPTION)
     src = Path(__file__).resolve().parents[1] / "src"
+    # bytecode as an installed package has it: without it every process compiles ctrflow's modules
+    # (~0.2 CPU-s; PYTHONDONTWRITEBYTECODE keeps Python from caching them itself)
+    compileall.compile_dir(src / "ctrflow", quiet=1)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
+    load_before = os.getloadavg()[0]
     parse = [sys.executable, "-c", f"import pyarrow.csv as c; c.read_csv({str(raw)!r})"]
     command = [sys.executable, "-m", "ctrflow", "preprocess", "--dataset", str(description), "--train", str(raw),
                "--out", str(work / "out"), "--tracking-uri", "none"]
@@ -247,7 +253,8 @@ def bench_table(args) -> dict:
         "all_walls": {"pyarrow": [round(w, 3) for w, _ in parses], "preprocess": [round(w, 3) for w, _ in runs]},
         "passes": stats["passes"], "workers": stats["workers"], "chunk_rows": stats["chunk_rows"],
         "cardinalities": {k: v["cardinality"] for k, v in stats["columns"].items() if "cardinality" in v},
-        "cpus": os.cpu_count(), "machine": platform.node(), "load_average_1m": round(os.getloadavg()[0], 2),
+        "cpus": os.cpu_count(), "machine": platform.node(),
+        "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],  # before and after
     }
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)

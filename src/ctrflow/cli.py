@@ -103,7 +103,8 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `ctrflow` console script."""
+    """Entry point of the `ctrflow` console script (`argv` None: this process's own command line)."""
+    own_process = argv is None
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
     if args.command in COMMANDS and hasattr(args, "tracking_uri"):
@@ -113,8 +114,30 @@ def main(argv: list[str] | None = None) -> int:
         prepare_from_args(args)
     module = command_module(args.command)
     try:
-        return int(module.run(args) or 0)
+        code = int(module.run(args) or 0)
     except UserError as err:  # one line; a stopped run has its own label and exit code (130, 143)
         if not getattr(err, "quiet", False):
             print(f"ctrflow {args.command}: {getattr(err, 'label', 'error')}: {err}", file=sys.stderr)
-        return getattr(err, "exit_code", 2)
+        code = getattr(err, "exit_code", 2)
+    if own_process and getattr(module, "EXIT_AT_ONCE", False):
+        exit_at_once(code)
+    return code
+
+
+def exit_at_once(code: int) -> None:
+    """End this process now that its step is done: exit handlers run and output is flushed, but the
+    interpreter does not free its objects and modules one by one (0.05-0.3 s after a preprocess run,
+    measured). Returns, for the normal exit, while a thread other than daemons is still running."""
+    import atexit
+    import os
+    import threading
+
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        return
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: the normal exit would not write it either
+            pass
+    os._exit(code)

@@ -256,3 +256,47 @@ def test_a_stray_quote_in_an_unused_column_gives_the_same_rows(tmp_path):
     preprocess([data], out=tmp_path / "many", dataset=described, workers=2, chunk_rows=20)
     assert read_split(tmp_path / "many").equals(read_split(tmp_path / "one"))
     assert len(read_split(tmp_path / "one")) == 300
+
+
+def test_the_command_process_keeps_pandas_out_and_exits_with_everything_written(tmp_path):
+    """`ctrflow preprocess --dataset FILE` as its own process: pyarrow runs without pandas (never imported),
+    the process ends without tearing the interpreter down, the earlier output it replaces is deleted
+    after it, and the output equals the library call's."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    rows = movie_rows(300, seed=9)
+    data = write_csv(tmp_path / "m.csv", rows)
+    described = write_description(tmp_path / "m.yaml")
+    reference = tmp_path / "reference"
+    preprocess([data], out=reference, dataset=described, workers=2, valid_fraction=0.2)
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-X", "importtime", "-m", "ctrflow", "preprocess", "--dataset", described, "--train",
+               data, "--valid-fraction", "0.2", "--workers", "2", "--tracking-uri", "none"]
+    out = tmp_path / "out"
+    preprocess([data], out=out, dataset=described, workers=1, chunk_rows=70)  # an earlier output, replaced
+    done = subprocess.run([*command, "--out", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    deadline = time.monotonic() + 30
+    while list(tmp_path.glob("out.*")) and time.monotonic() < deadline:  # deleted by a process of its own
+        time.sleep(0.05)
+    assert not list(tmp_path.glob("out.*")) and Schema.load(out).rows == Schema.load(reference).rows
+    assert json.loads(done.stdout.splitlines()[-1])["rows"] == Schema.load(reference).rows
+    imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "pyarrow" in imported and not any(name.startswith("pandas.") for name in imported)
+    for split in ("train", "valid"):
+        assert read_split(out, split).equals(read_split(reference, split))
+    assert Schema.load(out).vocab_hash == Schema.load(reference).vocab_hash
+    lines = (tmp_path / "m.csv").read_text().split("\n")
+    fields = lines[6].split(",", 4)
+    lines[6] = ",".join([*fields[:3], "1999x", fields[4]])  # a year that is not a number, line 7
+    (tmp_path / "m.csv").write_text("\n".join(lines))
+    failed = subprocess.run([*command, "--out", str(tmp_path / "bad")], env=env, capture_output=True, text=True,
+                            timeout=300)
+    errors = [line for line in failed.stderr.splitlines() if not line.startswith("import time:")]
+    assert failed.returncode == 2 and len(errors) == 1, failed.stderr[-2000:]
+    assert "m.csv: line 7: column year: not a number: '1999x'" in errors[0]
+    assert not (tmp_path / "bad").exists()

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from ctrflow.errors import UserError
 from ctrflow.tracking import add_tracking_flags, tracker_from_args
 
+# Everything the step writes is closed and renamed into place when `run` returns: the process ends
+# without tearing the interpreter down (`ctrflow.cli.exit_at_once`).
+EXIT_AT_ONCE = True
 ACTIONS = {
     "count": "per-file fan-out, step 1: count one file's values into COUNTS_DIR",
     "merge": "step 2: merge every COUNTS_DIR into the vocabularies and the part numbering",
@@ -87,8 +91,24 @@ def _dataset_flag(parser: argparse.ArgumentParser, default: str | None = "criteo
                              "table: format, label, dense, categorical, multi_hot columns (see docs/datasets.md)")
 
 
+def _import_without_blas_threads() -> None:
+    """Import the preprocessing library (numpy first) with OpenBLAS kept to this thread: the step never
+    multiplies matrices, and OpenBLAS's threads spin ~0.1 CPU-s when numpy loads it, beside the startup.
+    The setting is read when numpy loads, and this process's environment is restored right after (the
+    processes it starts, and numpy where it was loaded already, keep theirs)."""
+    name = "OPENBLAS_NUM_THREADS"
+    before = os.environ.get(name)
+    os.environ.setdefault(name, "1")
+    try:
+        import ctrflow.preprocess.run  # noqa: F401
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     """Flags of the preprocess step (names are a contract: the step contract in docs/) and its fan-out actions."""
+    _import_without_blas_threads()
     from ctrflow.preprocess.run import COMPRESSIONS, DEFAULT_CHUNK_ROWS, DEFAULT_COMPRESSION
 
     # --train/--out are required for the single run; checked in `run` so that the actions parse
@@ -143,6 +163,16 @@ def _run_action(args: argparse.Namespace) -> dict:
     return fanout.finalize(args.out, args.counts, args.vocab, args.parts)
 
 
+def _imports_for(dataset: str | None):
+    """A described table's run keeps pandas out of its processes (`without_pandas`); Criteo's passes use it."""
+    from contextlib import nullcontext
+
+    from ctrflow.datasets.catalog import BUILT_IN
+    from ctrflow.preprocess.without_pandas import pandas_unavailable
+
+    return nullcontext() if dataset is None or str(dataset) in BUILT_IN else pandas_unavailable()
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the step (or one fan-out action); prints a one-line JSON summary."""
     from ctrflow.preprocess.run import preprocess
@@ -153,12 +183,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.train or not args.out:
         raise UserError("give --train FILE... and --out DIR (or one of: count, merge, transform, finalize)")
-    with tracker_from_args(args, "preprocess") as tracker:
+    with tracker_from_args(args, "preprocess") as tracker, _imports_for(args.dataset):
         summary = preprocess(args.train, args.valid, args.out, freq_threshold=args.freq_threshold,
                              valid_fraction=args.valid_fraction, workers=args.workers,
                              on_bad_rows=args.on_bad_rows, engine=args.engine, seed=args.seed,
                              tracker=tracker, chunk_rows=args.chunk_rows, progress=args.progress,
                              compression=args.compression, device=args.device, dataset=args.dataset,
-                             vocab_from=args.vocab_from)
+                             vocab_from=args.vocab_from, detach_removal=True)
     print(json.dumps({k: summary[k] for k in ("out", "rows", "rows_read", "rows_rejected", "seconds")}))
     return 0

@@ -59,16 +59,19 @@ _LOG1P_TABLE = np.log1p(np.arange(_TABLE_SIZE, dtype=np.float64)).astype(np.floa
 def transform_dense(values: pa.Array | pa.ChunkedArray, transform: str) -> np.ndarray:
     """float64 or int64 values (null = missing) → float32 [n]: missing → 0, then `transform` (log1p of
     max(x, 0), or none), computed in float64 and rounded once."""
-    x = values.to_numpy(zero_copy_only=False)  # nulls: NaN (dense values are finite, so NaN is missing)
-    x = x.astype(np.float64, copy=not x.flags.writeable or x.dtype != np.float64)
     if values.null_count:
-        x[np.isnan(x)] = 0.0
+        values = pc.fill_null(values, 0)
+    x = values.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
     if transform != "log1p":
         return x.astype(np.float32)
-    np.maximum(x, 0.0, out=x)
+    x = np.maximum(x, 0.0)
+    x += 0.0  # -0.0 (a "-0" in the input) → +0.0: log1p keeps the sign of a zero, the table has none
     small = (x < _TABLE_SIZE) & (x == np.floor(x))
-    if small.all():
+    found = int(np.count_nonzero(small))
+    if found == len(x):
         return _LOG1P_TABLE.take(x.astype(np.int64))
+    if found < len(x) // 2:  # mostly fractions: log1p of every value (the table holds the same results)
+        return np.log1p(x).astype(np.float32)
     out = np.empty(len(x), dtype=np.float32)
     out[small] = _LOG1P_TABLE.take(x[small].astype(np.int64))
     rest = ~small

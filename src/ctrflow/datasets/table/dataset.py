@@ -9,6 +9,7 @@ read, each file's header (or Parquet schema) must name every column the descript
 from __future__ import annotations
 
 import gzip
+import os
 import shutil
 from pathlib import Path
 from typing import Iterator
@@ -24,9 +25,10 @@ from ctrflow.preprocess.files import bytes_per_block, is_gzip
 from ctrflow.preprocess.string_counts import StringMergeStage
 
 _HEADER_BYTES = 1 << 20
-# Without --chunk-rows: blocks of about this much text (Criteo's 131,072 rows are ~31 MB), and Parquet
-# pieces of at least this many rows. Larger blocks hold each distinct value once for more rows: 32 MB
-# blocks cost 15 % less CPU than 131,072-row ones (6 MB) on a MovieLens-like table.
+# Without --chunk-rows: blocks of at most about this much text (Criteo's 131,072 rows are ~31 MB), a
+# file's blocks all of one size, and Parquet pieces of at least this many rows. Larger blocks hold each
+# distinct value once for more rows: 32 MB blocks cost 15 % less CPU than 131,072-row ones (6 MB) on a
+# MovieLens-like table.
 BLOCK_BYTES = 32 << 20
 PIECE_ROWS = 1 << 19
 
@@ -125,7 +127,9 @@ class TableDataset:
     def _block_bytes(source: Path, chunk_rows: int | None) -> int:
         if chunk_rows:
             return bytes_per_block(source, chunk_rows)
-        return BLOCK_BYTES
+        # blocks of one size, none much smaller: the workers' last blocks end together
+        size = os.stat(source).st_size
+        return max(1, -(-size // max(1, -(-size // BLOCK_BYTES))))
 
     def merge_stage(self, runs: list[str], thresholds: list[int], range_entries: int,
                     previous: str = "") -> StringMergeStage:

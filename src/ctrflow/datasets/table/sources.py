@@ -26,13 +26,16 @@ class FileBytes:
         return os.pread(self.fd, max(0, hi - lo), lo) if hi > lo else b""
 
     def find(self, sub: bytes, start: int = 0, end: int | None = None) -> int:
-        """The first offset of `sub` in [start, end), or -1."""
+        """The first offset of `sub` in [start, end), or -1 (read in pieces growing from 64 KiB: a row end is
+        near)."""
         end = self.size if end is None else min(end, self.size)
-        for lo in range(start, end, self._FIND_BYTES):
-            chunk = self[lo:min(lo + self._FIND_BYTES + len(sub) - 1, end)]
+        lo, step = start, 1 << 16
+        while lo < end:
+            chunk = self[lo:min(lo + step + len(sub) - 1, end)]
             at = chunk.find(sub)
             if at >= 0:
                 return lo + at
+            lo, step = lo + step, min(step * 4, self._FIND_BYTES)
         return -1
 
     def close(self) -> None:

@@ -58,7 +58,7 @@ class QuoteTracker:
 
     def __init__(self, data, dialect: Dialect, start: int = 0):
         self.data, self.size, self.start = data, len(data), start
-        self.q = dialect.quote[0]
+        self.q, self.quote = dialect.quote[0], dialect.quote
         self.beside = np.zeros(256, dtype=bool)  # the bytes a quote may follow (opening) or precede (closing)
         self.beside[[dialect.delimiter[0], _LF, _CR, self.q]] = True
         self.prefix = [0]  # quotes before each piece boundary scanned (from `start`'s piece)
@@ -75,8 +75,14 @@ class QuoteTracker:
         lo = self.scanned
         end = min(lo - lo % _PIECE_BYTES + _PIECE_BYTES, self.size)
         first = max(lo - 1, 0)  # one byte either side: the neighbours of the piece's first and last quotes
-        window = np.frombuffer(self.data[first:min(end + 1, self.size)], dtype=np.uint8)
+        chunk = self.data[first:min(end + 1, self.size)]
+        chunk = chunk if isinstance(chunk, bytes) else bytes(chunk)
         shift = lo - first
+        if chunk.find(self.quote, shift, shift + end - lo) < 0:  # memchr: most pieces hold no quote
+            self.prefix.append(self.prefix[-1])
+            self.scanned = end
+            return
+        window = np.frombuffer(chunk, dtype=np.uint8)
         at = np.flatnonzero(window[shift:shift + end - lo] == self.q).astype(np.int32) + shift
         if len(at):
             prev = self.beside[window[np.maximum(at - 1, 0)]]
