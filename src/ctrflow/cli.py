@@ -107,13 +107,14 @@ def main(argv: list[str] | None = None) -> int:
     own_process = argv is None
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
-    if args.command in COMMANDS and hasattr(args, "tracking_uri"):
-        # the step's MLflow worker starts now, beside the step's own imports (ctrflow.tracking.background)
-        from ctrflow.tracking.background import prepare_from_args
-
-        prepare_from_args(args)
-    module = command_module(args.command)
+    module = None
     try:
+        if args.command in COMMANDS and hasattr(args, "tracking_uri"):
+            # the step's MLflow worker starts now, beside the step's own imports (ctrflow.tracking.background)
+            from ctrflow.tracking.background import prepare_from_args
+
+            prepare_from_args(args)
+        module = command_module(args.command)
         code = int(module.run(args) or 0)
     except UserError as err:  # one line; a stopped run has its own label and exit code (130, 143)
         if not getattr(err, "quiet", False):

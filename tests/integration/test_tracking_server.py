@@ -112,3 +112,13 @@ def test_a_process_whose_server_went_idle_starts_another(tmp_path, monkeypatch):
         assert wait_gone(tmp_path / "own.sock", 60)
     client = mlflow.MlflowClient(store)
     assert client.get_run(tracker.run_id).data.params == {"run": "second"}
+
+
+def test_a_bad_idle_setting_is_the_steps_one_line_error_before_it_writes(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "ctrflow", "synth", "--rows", "100", "--days", "1", "--out",
+                           str(tmp_path / "raw"), "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "CTRFLOW_TRACKING_IDLE_SECS": "ten"})
+    assert done.returncode == 2 and not (tmp_path / "raw").exists()
+    assert done.stderr.strip() == ("ctrflow synth: error: CTRFLOW_TRACKING_IDLE_SECS='ten': "
+                                   "give a number of seconds above 0")

@@ -43,6 +43,7 @@ START_SECS = 300.0  # the imports take seconds on an idle machine, minutes on a 
 
 def socket_path() -> Path:
     """This installation's server socket, in a folder only this user can enter."""
+    idle_seconds()  # a bad setting is every step's one-line error, not a server that dies starting
     library = Path(ctrflow.__file__).resolve().parent
     sources = [library / "tracking" / name for name in ("server.py", "worker.py", "mlflow_tracker.py")]
     spec = importlib.util.find_spec("mlflow")
@@ -97,6 +98,18 @@ def ensure_started(path: Path) -> int | None:
         os.close(lock)  # the server holds the lock on its own copy
 
 
+def idle_seconds() -> float:
+    """How long a server waits for a step before it exits: `CTRFLOW_TRACKING_IDLE_SECS`, else 900."""
+    value = os.environ.get("CTRFLOW_TRACKING_IDLE_SECS", str(IDLE_SECS))
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise UserError(f"CTRFLOW_TRACKING_IDLE_SECS={value!r}: give a number of seconds above 0")
+    return seconds
+
+
 def wait_connected(path: Path, pid: int | None) -> socket.socket:
     """Connect to the server at `path`, starting one if none listens, and waiting while it imports."""
     deadline = time.monotonic() + START_SECS
@@ -143,7 +156,7 @@ def serve(path: Path, lock: int) -> None:
     listener.listen(64)
     os.replace(staging, path)  # a whole socket appears at once
     mine = path.stat().st_ino
-    idle = float(os.environ.get("CTRFLOW_TRACKING_IDLE_SECS", IDLE_SECS))
+    idle = idle_seconds()
     listener.settimeout(min(idle, 30.0))
     last = time.monotonic()
     while True:
