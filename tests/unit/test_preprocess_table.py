@@ -130,6 +130,33 @@ def test_quoted_delimiters_and_newlines_parse_and_errors_name_the_right_line(tmp
     assert stats["files"][0]["blank_lines"] == 1 and stats["files"][0]["rows_read"] == 4
 
 
+def test_line_ends_and_blank_lines_give_the_same_rows_and_name_the_right_line(tmp_path):
+    rows = movie_rows(300, seed=8)
+    rows.pop("title")  # no quotes anywhere: each line is a row, read without counting lines
+    described = write_description(tmp_path / "m.yaml")
+    header, *body = Path(write_csv(tmp_path / "plain.csv", rows)).read_text().splitlines()
+    variants = {"crlf": ("\r\n".join([header, *body]) + "\r\n", 0),  # (text, blank lines)
+                "cr": ("\n".join([header, *body[:150]]) + "\r" + "\n".join(body[150:]) + "\n", 0),  # a lone \r ends a line
+                "blank": ("\n".join([header, *body[:100], "", *body[100:], "", ""]) + "\n", 3),
+                "blank-crlf": ("\r\n".join([header, *body[:200], "", *body[200:]]) + "\r\n", 1)}
+    reference = tmp_path / "plain-out"
+    preprocess([str(tmp_path / "plain.csv")], out=reference, dataset=described, workers=2, chunk_rows=64)
+    for name, (text, blank) in variants.items():
+        data = tmp_path / f"{name}.csv"
+        data.write_bytes(text.encode())
+        out = tmp_path / f"{name}-out"
+        preprocess([str(data)], out=out, dataset=described, workers=2, chunk_rows=64)
+        assert read_split(out).equals(read_split(reference)), name
+        stats = json.loads((out / "stats.json").read_text())["files"][0]
+        assert (stats["rows_read"], stats.get("blank_lines", 0)) == (300, blank), name
+    bad = body[:]
+    bad[250] = bad[250].replace(rows["year"][250], "19x9", 1)
+    data = tmp_path / "bad.csv"
+    data.write_text("\n".join([header, *bad[:100], "", *bad[100:]]) + "\n")
+    with pytest.raises(UserError, match=r"bad.csv: line 253: column year: not a number: '19x9'"):
+        preprocess([str(data)], out=tmp_path / "bad-out", dataset=described, workers=2, chunk_rows=64)
+
+
 def test_bad_rows_are_named_by_file_line_and_column_or_skipped_and_accounted(tmp_path):
     rows = movie_rows(200, seed=5)
     data = write_csv(tmp_path / "m.csv", rows)

@@ -50,6 +50,16 @@ def not_finite(values: pa.Array) -> np.ndarray:
     return np.flatnonzero(~np.isfinite(filled))
 
 
+def all_finite(values: pa.Array) -> bool:
+    """No nan or ±inf among the present values: checked on the values buffer as it is (no copy with the
+    missing values filled), then exactly when a slot is not finite (a missing value's slot may be)."""
+    if not pa.types.is_floating(values.type) or not len(values):
+        return True
+    slots = np.frombuffer(values.buffers()[1], dtype=f"<f{values.type.byte_width}", count=len(values),
+                          offset=values.offset * values.type.byte_width)
+    return bool(np.isfinite(slots).all()) or not len(not_finite(values))
+
+
 _TABLE_SIZE = 1 << 16
 # log1p of the small integers (most counts, years, ratings), each computed in float64 and rounded once:
 # the same bits as computing it, ~20x cheaper than numpy's log1p (not vectorized) per value

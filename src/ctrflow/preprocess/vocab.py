@@ -149,12 +149,23 @@ class ColumnVocab:
         strings = values if isinstance(values, (pa.Array, pa.ChunkedArray)) else pa.array(list(values), pa.string())
         strings = strings.combine_chunks() if isinstance(strings, pa.ChunkedArray) else strings
         strings = pc.fill_null(strings.cast(pa.string()) if strings.type != pa.string() else strings, "")
-        if self._strings is None:
-            self._strings = StringIndex(self.values)
-        positions = self._strings.positions(strings)
+        positions = self._positions(strings)
         ids = np.where(positions >= 0, positions + FIRST_ID, OOV_ID).astype(np.int32)
         ids[pc.equal(strings, "").to_numpy(zero_copy_only=False)] = MISSING_ID
         return ids
+
+
+    def _positions(self, strings: pa.Array) -> np.ndarray:
+        """Each string's position in the vocabulary, or -1. Arrow's `index_in` hashes the vocabulary on every
+        call: the cheaper lookup while the vocabulary is not much larger than the strings (a parsed block's
+        dictionary: 4.9 against 12.2 ms for 30,000 strings in 43,621); the index built once otherwise
+        (serving's requests, large vocabularies)."""
+        if self._strings is None and len(self.values) <= 4 * len(strings):
+            found = pc.index_in(strings, value_set=self.values)
+            return pc.fill_null(found, -1).to_numpy(zero_copy_only=False)
+        if self._strings is None:
+            self._strings = StringIndex(self.values)
+        return self._strings.positions(strings)
 
 
 class Vocabularies:

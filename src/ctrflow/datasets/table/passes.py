@@ -112,8 +112,9 @@ class TableFitStage:
         data = read_range(task.path, task.start, stop)
         if task.checksum:
             result["pieces"] = checksums_in(data, task.start, task.start, task.end, size)
-        parsed = parse_text_block(data[:task.end - task.start], self.description, list(task.columns),
-                                  task.header_end, task.quoted, task.clean, offsets=split == "split")
+        size = task.end - task.start
+        parsed = parse_text_block(data[:size], self.description, list(task.columns), task.header_end, task.quoted,
+                                  task.clean, offsets=split == "split", returns=_BUFFER[0].find(b"\r", 0, size) >= 0)
         result.update(lines=parsed.lines, rows_read=parsed.rows_read, blank_lines=parsed.blank_lines)
         positions = None if parsed.offsets is None else parsed.offsets + task.start
         return parsed.table, positions, parsed.problems
@@ -123,7 +124,8 @@ _BUFFER = [bytearray()]  # this worker's block buffer, reused: no fresh pages pe
 
 
 def read_range(path: str, start: int, end: int) -> memoryview:
-    """Bytes [start, end) of a file, read into this worker's reused buffer (valid until the next call)."""
+    """Bytes [start, end) of a file, read into this worker's reused buffer (valid until the next call;
+    they are its first `end - start` bytes)."""
     n = end - start
     if len(_BUFFER[0]) < n:
         _BUFFER[0] = bytearray(int(n * 1.25))

@@ -23,7 +23,7 @@ import pyarrow.csv as pcsv
 from ctrflow.datasets.description import Description
 from ctrflow.datasets.table.text_rows import Dialect, Records, count_lines, find_records
 from ctrflow.errors import UserError
-from ctrflow.preprocess.numbers import not_finite, parse_numbers
+from ctrflow.preprocess.numbers import all_finite, not_finite, parse_numbers
 
 @dataclass
 class ParsedRows:
@@ -55,14 +55,14 @@ class _Invalid:
 
 
 def _read(data, columns: list[str], used: list[str], types: dict, dialect: Dialect, handler: _Invalid,
-          quoted: bool) -> pa.Table:
+          quoted: bool, ignore_empty_lines: bool = True) -> pa.Table:
     """pyarrow's reader on whole rows; `quoted`: the file holds quotes (so a value may hold a newline)."""
     return pcsv.read_csv(
         pa.BufferReader(data),
         read_options=pcsv.ReadOptions(column_names=columns, use_threads=False, block_size=max(1 << 16, len(data) + 1)),
         parse_options=pcsv.ParseOptions(delimiter=dialect.delimiter.decode(),
                                         quote_char=dialect.quote.decode() if dialect.quote else False,
-                                        newlines_in_values=quoted, ignore_empty_lines=True,
+                                        newlines_in_values=quoted, ignore_empty_lines=ignore_empty_lines,
                                         invalid_row_handler=handler),
         convert_options=pcsv.ConvertOptions(include_columns=used, column_types=types, null_values=[""],
                                             strings_can_be_null=False))
@@ -79,14 +79,18 @@ def _types(description: Description, text: bool, with_label: bool = True) -> dic
 
 def parse_text_block(data, description: Description, columns: list[str], header_end: int = 0,
                      quoted: bool = True, clean: bool = True, offsets: bool = False, text: bool = False,
-                     with_label: bool = True) -> ParsedRows:
+                     with_label: bool = True, returns: bool = True) -> ParsedRows:
     """Parse `data` (whole rows; the first `header_end` bytes are the header, skipped). `columns`: every
     column of the file in order; `quoted`: the file holds quote characters; `clean`: they are all where
     RFC 4180 puts them (see `text_rows`); `offsets`: also give each good row's offset in the block (the
     split's coin needs it). `text`: keep the good rows' values as text (strings; every value checked as
     the typed parse checks it), as predict hands them to `transform_raw`; `with_label`: the file has the
-    label column."""
+    label column; `returns`: the block may hold a carriage return."""
     dialect = dialect_of(description)
+    if not (quoted or returns or offsets or text):
+        parsed = _parse_plain(data, description, columns, header_end, dialect)
+        if parsed is not None:
+            return parsed
     # lines counted by \n alone (one pass); where that may be wrong (a lone \r, a quoted newline, a blank
     # line) rows and lines disagree below, and `find_records` counts them exactly
     lines = count_lines(data, returns=False)
@@ -120,6 +124,25 @@ def parse_text_block(data, description: Description, columns: list[str], header_
                       records.starts[good] + header_end if offsets else None, problems)
 
 
+def _parse_plain(data, description: Description, columns: list[str], header_end: int,
+                 dialect: Dialect) -> ParsedRows | None:
+    """A block with neither quotes nor carriage returns, each line a row: read with its empty lines kept
+    (as rows of nulls, which fail the checks), the reader's row count is its line count, and no pass
+    counts lines. None when a row is not clean (the block is then read as any other)."""
+    invalid = _Invalid()
+    body = memoryview(data)[header_end:] if header_end else data
+    try:
+        table = _read(body, columns, list(description.used_columns), _types(description, text=False), dialect,
+                      invalid, quoted=False, ignore_empty_lines=False)
+        table = _checked(table, description)
+    except (pa.ArrowInvalid, UnicodeDecodeError):
+        return None
+    if table is None or invalid.rows:
+        return None
+    header_lines = count_lines(memoryview(data)[:header_end]) if header_end else 0
+    return ParsedRows(header_lines + len(table), len(table), 0, table, None)
+
+
 def _checked(table: pa.Table, description: Description) -> pa.Table | None:
     """The table with its dictionaries as UTF-8 strings, or None when a value is bad (the slow path then
     names it): a label other than 0/1, a dense value not finite, a dictionary entry not UTF-8."""
@@ -129,9 +152,9 @@ def _checked(table: pa.Table, description: Description) -> pa.Table | None:
     if label.null_count:
         return None
     values = label.combine_chunks().to_numpy()  # float64, no nulls: no copy
-    if np.count_nonzero(values == 1.0) + np.count_nonzero(values == 0.0) != len(values):
+    if np.count_nonzero(values == 1.0) != np.count_nonzero(values):  # nan counts as non-zero
         return None
-    if any(len(not_finite(table.column(c).combine_chunks())) for c in description.dense):
+    if not all(all_finite(table.column(c).combine_chunks()) for c in description.dense):
         return None
     for name in description.sparse:
         column = table.column(name)
