@@ -64,6 +64,7 @@ _TABLE_SIZE = 1 << 16
 # log1p of the small integers (most counts, years, ratings), each computed in float64 and rounded once:
 # the same bits as computing it, ~20x cheaper than numpy's log1p (not vectorized) per value
 _LOG1P_TABLE = np.log1p(np.arange(_TABLE_SIZE, dtype=np.float64)).astype(np.float32)
+_SAMPLE = 1024  # values that choose between the table and log1p (both give the same bits)
 
 
 def transform_dense(values: pa.Array | pa.ChunkedArray, transform: str) -> np.ndarray:
@@ -76,6 +77,9 @@ def transform_dense(values: pa.Array | pa.ChunkedArray, transform: str) -> np.nd
         return x.astype(np.float32)
     x = np.maximum(x, 0.0)
     x += 0.0  # -0.0 (a "-0" in the input) → +0.0: log1p keeps the sign of a zero, the table has none
+    head = x[:_SAMPLE]
+    if np.count_nonzero(head != np.floor(head)) > len(head) // 2:  # fractions (prices, ratios): no table
+        return np.log1p(x).astype(np.float32)
     small = (x < _TABLE_SIZE) & (x == np.floor(x))
     found = int(np.count_nonzero(small))
     if found == len(x):

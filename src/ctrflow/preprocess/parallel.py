@@ -121,6 +121,8 @@ class WorkerPool:
         self._queues: list = []
         self._stage: Stage | None = None
         self._broken = False
+        self._finals: dict[int, Any] = {}  # workers' `finish()` results that came in
+        self._finishing = False  # the workers were told to finish
 
     def __enter__(self) -> "WorkerPool":
         if self.workers == 1:
@@ -133,9 +135,12 @@ class WorkerPool:
             proc.start()
         return self
 
-    def run(self, stage: Stage, tasks: Iterable, route: Callable[[Any], int | None] | None = None) -> Iterator[Any]:
+    def run(self, stage: Stage, tasks: Iterable, route: Callable[[Any], int | None] | None = None,
+            finish: bool = False) -> Iterator[Any]:
         """Results of `stage.handle(task)` in task order; a task's UserError is raised at its turn.
-        `route(task)`: the worker that must run it, or None (the least busy one)."""
+        `route(task)`: the worker that must run it, or None (the least busy one). `finish`: the workers
+        are told to finish once the last task is sent, so that one whose tasks are done finishes while the
+        others still work (`finish()` then collects)."""
         if self._broken:
             raise RuntimeError("a run of this pool failed: leave the pool")
         self._stage = stage
@@ -145,9 +150,9 @@ class WorkerPool:
             return
         for q in self._queues:
             q.put(("stage", None, stage))
-        yield from self._dispatch(tasks, route)
+        yield from self._dispatch(tasks, route, finish)
 
-    def _dispatch(self, tasks: Iterable, route) -> Iterator[Any]:
+    def _dispatch(self, tasks: Iterable, route, finish: bool) -> Iterator[Any]:
         done: dict[int, tuple[str, Any]] = {}
         owner: dict[int, int] = {}
         busy = [0] * self.workers
@@ -164,9 +169,14 @@ class WorkerPool:
                 self._queues[target].put(("task", sent, pending))
                 owner[sent], busy[target], sent = target, busy[target] + 1, sent + 1
                 pending = next(source, StopIteration)
+            if pending is StopIteration and finish and not self._finishing:
+                self._tell_finish()
             if pending is StopIteration and next_seq == sent:
                 return
             kind, seq, value = self._receive()
+            if kind == "final":
+                self._finals[seq] = value
+                continue
             busy[owner.pop(seq)] -= 1
             done[seq] = (kind, value)
             while next_seq in done:
@@ -181,10 +191,18 @@ class WorkerPool:
         """Every worker's `finish()` of the stage last run, in worker order."""
         if self.workers == 1:
             return [self._stage.finish()]
+        if not self._finishing:
+            self._tell_finish()
+        while len(self._finals) < len(self._procs):
+            _, index, value = self._receive()  # only finals are left to come
+            self._finals[index] = value
+        finals, self._finals, self._finishing = self._finals, {}, False
+        return [finals[i] for i in range(self.workers)]
+
+    def _tell_finish(self) -> None:
         for q in self._queues:
             q.put(("finish", None, None))
-        finals = dict(self._receive()[1:] for _ in self._procs)
-        return [finals[i] for i in range(self.workers)]
+        self._finishing = True
 
     def _receive(self) -> tuple[str, Any, Any]:
         while True:

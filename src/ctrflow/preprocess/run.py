@@ -260,7 +260,7 @@ def fit_pass(data, fit, files: list[tuple[int, tuple[Path, str]]], tmp: Path, wo
             rejected.write("file\tline\treason\traw\n")
         with _own_pool(pool, workers) as pool, _bar(progress, "fit") as bar:
             tasks = data.tasks(files, chunk_rows, workers, str(tmp / "runs"))  # gzip tables decompress there
-            for result in (r for results in pool.run(fit, tasks) for r in results):
+            for result in (r for results in pool.run(fit, tasks, finish=True) for r in results):
                 account_block(result, by_index, per_file, rejected, warnings)
                 if checksums is not None and result.get("pieces") is not None:
                     checksums.add(result["file"], *result["pieces"])

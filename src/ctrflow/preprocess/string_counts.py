@@ -83,32 +83,48 @@ class StringCounter:
                 self._compact(name)
                 values = self.values[name][0] if self.values[name] else pa.array([], pa.string())
                 counts = self.counts[name][0] if self.counts[name] else pa.array([], pa.int64())
-                h = hash_strings(values)
-                order = np.argsort(h, kind="stable")
-                writer.write_batch(pa.record_batch([pa.array(h[order]), values.cast(pa.string()).take(order),
-                                                    counts.take(order)], schema=_RUN_SCHEMA))
+                writer.write_batch(pa.record_batch(list(_sorted_by_hash(values, counts)), schema=_RUN_SCHEMA))
                 self.values[name], self.counts[name] = [], []
         self.entries = 0
         self.runs.append(path)
 
     def finish(self) -> dict:
-        """Spill what is left; the run files go to the merge (`other`: nothing, the runs hold every value)."""
-        self.spill()
-        return {"runs": self.runs, "other": {}}
+        """What goes to the merge: the run files, after spilling what is left; a worker that never spilled
+        hands its counts over as they are (`other`: column → (values, counts); no hashing, sorting or file)."""
+        if self.runs:
+            self.spill()
+            return {"runs": self.runs, "other": {}}
+        held = {}
+        for name in self.values:
+            self._compact(name)
+            if self.values[name]:
+                held[name] = (self.values[name][0].cast(pa.string()), self.counts[name][0])
+        return {"runs": [], "other": held}
+
+
+def _sorted_by_hash(values: pa.Array, counts: pa.Array) -> tuple[pa.Array, pa.Array, pa.Array]:
+    """(hash uint64, value, count) ordered by the values' hash, as a run file holds them."""
+    h = hash_strings(values)
+    order = np.argsort(h, kind="stable")
+    return pa.array(h[order]), values.cast(pa.string()).take(order), counts.take(order)
 
 
 def merge_strings(runs: list[str], column: int, threshold: int, range_entries: int = RANGE_ENTRIES,
-                  previous: pa.Table | None = None) -> tuple[pa.Table, int]:
-    """Column `column`'s vocabulary from every worker's runs: (table value/count, most frequent first,
-    ties by value bytes; distinct values in the training split). `previous`: the earlier vocabulary
-    this one grows (`growth.grow`: its values keep their ids, and their counts today are kept too)."""
+                  previous: pa.Table | None = None, held=()) -> tuple[pa.Table, int]:
+    """Column `column`'s vocabulary from every worker's runs and `held` counts ((values, counts) of the
+    workers that never spilled): (table value/count, most frequent first, ties by value bytes; distinct
+    values in the training split). `previous`: the earlier vocabulary this one grows (`growth.grow`: its
+    values keep their ids, and their counts today are kept too)."""
     parts = []
     for path in runs:
         with pa.memory_map(path) as source:
             batch = pa.ipc.open_file(source).get_batch(column)
         parts.append((batch.column(0).to_numpy(), batch.column(1), batch.column(2)))
-    total = sum(len(h) for h, _, _ in parts)
+    total = sum(len(values) for _, values, _ in parts) + sum(len(values) for values, _ in held)
     ranges = max(1, -(-total // range_entries))
+    for values, counts in held:  # in one range as they are; hash-sorted when the merge goes range by range
+        h, values, counts = _sorted_by_hash(values, counts) if ranges > 1 else (None, values, counts)
+        parts.append((None if h is None else h.to_numpy(), values, counts))
     bounds = [np.uint64(i * (1 << 64) // ranges) for i in range(ranges)]
     kept_values, kept_counts, distinct = [], [], 0
     if previous is not None:  # its values by hash, as the runs are sorted
@@ -120,7 +136,7 @@ def merge_strings(runs: list[str], column: int, threshold: int, range_entries: i
         values, counts = [], []
         for h, part_values, part_counts in parts:
             lo = int(np.searchsorted(h, bounds[i])) if i else 0
-            hi = int(np.searchsorted(h, bounds[i + 1])) if i + 1 < ranges else len(h)
+            hi = int(np.searchsorted(h, bounds[i + 1])) if i + 1 < ranges else len(part_values)
             values.append(part_values.slice(lo, hi - lo))
             counts.append(part_counts.slice(lo, hi - lo))
         merged_values, merged_counts = sum_counts(pa.concat_arrays(values or [pa.array([], pa.string())]),
@@ -142,7 +158,8 @@ def merge_strings(runs: list[str], column: int, threshold: int, range_entries: i
 
 @dataclass
 class StringMergeStage:
-    """`merge_strings` of one column per task (column index, unused) on pool workers (`parallel.Stage`)."""
+    """`merge_strings` of one column per task (column index, the workers' held counts of it) on pool workers
+    (`parallel.Stage`)."""
 
     runs: list[str]
     thresholds: Sequence[int]  # per column
@@ -155,9 +172,9 @@ class StringMergeStage:
 
     def handle(self, task: tuple[int, list]) -> tuple[pa.Table, int]:
         """(vocabulary table, distinct values) of one column."""
-        column, _ = task
+        column, held = task
         previous = read_vocab_table(self.previous, self.names[column]) if self.previous else None
-        return merge_strings(self.runs, column, self.thresholds[column], self.range_entries, previous)
+        return merge_strings(self.runs, column, self.thresholds[column], self.range_entries, previous, held)
 
     def finish(self) -> None:
         """Nothing to hand back."""
