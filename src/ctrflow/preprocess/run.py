@@ -278,14 +278,15 @@ RECORD_KEYS = ("cache", "rows", "missing", "label_sum", "cut_lists")  # what a b
 
 def build_vocabulary(data, finals: list[dict], workers: int, range_entries: int, remove: bool = True,
                      pool: WorkerPool | None = None, previous: str = ""):
-    """Merge every worker's runs, column by column, on `pool`'s workers (else on threads here):
+    """Merge every worker's runs and held counts, column by column, on `pool`'s workers (else, or when
+    every count is held in memory: on threads here, sparing the round trips to the workers):
     ({column: vocabulary table}, {column: distinct}); the run files are deleted afterwards unless
     `remove` is False. `previous`: the processed data whose vocabularies grow ("": none)."""
     names = data.description.sparse
     runs = [run for final in finals for run in final["runs"]]
     tasks = [(j, [f["other"][name] for f in finals if name in f["other"]]) for j, name in enumerate(names)]
     stage = data.merge_stage(runs, [data.description.threshold(name) for name in names], range_entries, previous)
-    if pool is not None:
+    if pool is not None and runs:
         merged = list(pool.run(stage, tasks))
     else:
         stage.start()
