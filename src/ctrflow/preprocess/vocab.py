@@ -154,7 +154,6 @@ class ColumnVocab:
         ids[pc.equal(strings, "").to_numpy(zero_copy_only=False)] = MISSING_ID
         return ids
 
-
     def _positions(self, strings: pa.Array) -> np.ndarray:
         """Each string's position in the vocabulary, or -1. Arrow's `index_in` hashes the vocabulary on every
         call: the cheaper lookup while the vocabulary is not much larger than the strings (a parsed block's

@@ -112,9 +112,10 @@ class TableFitStage:
         data = read_range(task.path, task.start, stop)
         if task.checksum:
             result["pieces"] = checksums_in(data, task.start, task.start, task.end, size)
-        size = task.end - task.start
-        parsed = parse_text_block(data[:size], self.description, list(task.columns), task.header_end, task.quoted,
-                                  task.clean, offsets=split == "split", returns=_BUFFER[0].find(b"\r", 0, size) >= 0)
+        length = task.end - task.start
+        returns = _BUFFER[0].find(b"\r", 0, length) >= 0  # memchr: the block's bytes start the buffer
+        parsed = parse_text_block(data[:length], self.description, list(task.columns), task.header_end, task.quoted,
+                                  task.clean, offsets=split == "split", returns=returns)
         result.update(lines=parsed.lines, rows_read=parsed.rows_read, blank_lines=parsed.blank_lines)
         positions = None if parsed.offsets is None else parsed.offsets + task.start
         return parsed.table, positions, parsed.problems

@@ -152,7 +152,7 @@ def _checked(table: pa.Table, description: Description) -> pa.Table | None:
     if label.null_count:
         return None
     values = label.combine_chunks().to_numpy()  # float64, no nulls: no copy
-    if np.count_nonzero(values == 1.0) != np.count_nonzero(values):  # nan counts as non-zero
+    if np.count_nonzero(values == 1.0) != np.count_nonzero(values):  # a non-zero label other than 1 (or nan)
         return None
     if not all(all_finite(table.column(c).combine_chunks()) for c in description.dense):
         return None
