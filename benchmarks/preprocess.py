@@ -2,7 +2,7 @@
 
     python benchmarks/preprocess.py [--rows 1000000] [--workers N] [--hugectr-script PATH]
                                     [--engine cpu|gpu] [--device cuda|cpu]
-    python benchmarks/preprocess.py --format csv [--rows 5000000] [--quoted] [--repeats 3]
+    python benchmarks/preprocess.py --format csv [--rows 5000000] [--quoted] [--repeats 3] [--ceiling]
 
 `--format csv`: a generic table (MovieLens-like: skewed user and movie ids, a genre list of 0-4
 values, a year, a price with missing values, an unused timestamp, a 0/1 label; `--quoted`: every text
@@ -10,7 +10,9 @@ value quoted, as Arrow's CSV writer does) and its dataset description. Then, alt
 processes both: `python -c "pyarrow.csv.read_csv(FILE)"` (all threads, type inference) and
 `python -m ctrflow preprocess --dataset DESCRIPTION --train FILE --out DIR --tracking-uri none`; the best
 wall time of `--repeats` each gives the ratio (imports, process start and exit included on both sides;
-ctrflow's modules are compiled to bytecode first, as an installed package's are).
+ctrflow's modules are compiled to bytecode first, as an installed package's are). `--ceiling` alternates a
+third process, `table_ceiling.py`: the same file only parsed and written as Parquet parts, the floor of
+any two-pass preprocessor built on pyarrow.
 
 Synthetic Criteo-format rows (`ctrflow.datasets.criteo.synth`; a plain numpy generator where that is absent)
 are written once to a work directory. Then, in the same run: pyarrow.csv.read_csv of the file
@@ -239,10 +241,14 @@ def bench_table(args) -> dict:
     command = [sys.executable, "-m", "ctrflow", "preprocess", "--dataset", str(description), "--train", str(raw),
                "--out", str(work / "out"), "--tracking-uri", "none"]
     command += ["--workers", str(args.workers)] if args.workers else []
-    parses, runs = [], []
+    ceiling = [sys.executable, str(Path(__file__).with_name("table_ceiling.py")), str(raw), str(work / "ceiling"),
+               "--workers", str(args.workers or os.cpu_count())]
+    parses, runs, ceilings = [], [], []
     for _ in range(args.repeats):
         parses.append(run_process(parse, env))
         runs.append(run_process(command, env))
+        if args.ceiling:
+            ceilings.append(run_process(ceiling, env))
     stats = json.loads((work / "out" / "stats.json").read_text())
     (parse_wall, parse_cpu), (wall, cpu) = min(parses), min(runs)
     result = {
@@ -256,6 +262,11 @@ def bench_table(args) -> dict:
         "cpus": os.cpu_count(), "machine": platform.node(),
         "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],  # before and after
     }
+    if ceilings:  # parse + write alone (`table_ceiling.py`), in the same alternation
+        result["all_walls"]["ceiling"] = [round(w, 3) for w, _ in ceilings]
+        result["ceiling_process_seconds"] = round(min(ceilings)[0], 3)
+        result["ceiling_cpu_seconds"] = round(min(ceilings)[1], 3)
+        result["ceiling_ratio_vs_pyarrow_parse"] = round(parse_wall / min(ceilings)[0], 3)
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
     return result
@@ -267,6 +278,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--format", default="criteo", choices=["criteo", "csv"],
                         help="criteo: the raw Criteo TSV (library calls); csv: a described table (whole processes)")
     parser.add_argument("--quoted", action="store_true", help="csv: quote every text value")
+    parser.add_argument("--ceiling", action="store_true",
+                        help="csv: also time table_ceiling.py (parse + Parquet write alone), alternated")
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--workers", type=int, default=None, help="preprocess workers (default: all cores)")
     parser.add_argument("--chunk-rows", type=int, default=None, help="preprocess --chunk-rows (default: its own)")
