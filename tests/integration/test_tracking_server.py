@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from ctrflow.processes import process_alive
 from ctrflow.tracking import server
 
 pytestmark = pytest.mark.integration
@@ -86,17 +87,9 @@ def test_an_idle_server_exits_and_removes_its_socket(tmp_path, monkeypatch):
     server.wait_connected(path, pid).close()
     assert wait_gone(path, 60)
     deadline = time.monotonic() + 10
-    while exists(pid) and time.monotonic() < deadline:
+    while process_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not exists(pid)
-
-
-def exists(pid: int) -> bool:
-    """Whether `pid` is a live process (an exited one left unreaped reads as state Z)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    assert not process_alive(pid)
 
 
 def test_a_process_whose_server_went_idle_starts_another(tmp_path, monkeypatch):

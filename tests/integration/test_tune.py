@@ -17,6 +17,7 @@ import pytest
 optuna = pytest.importorskip("optuna")
 
 from ctrflow.cli import main  # noqa: E402
+from ctrflow.processes import process_alive  # noqa: E402
 from ctrflow.tune.run import prepare  # noqa: E402
 from ctrflow.tune.runner import run_trials  # noqa: E402
 from ctrflow.tune.study import open_study  # noqa: E402
@@ -97,14 +98,6 @@ def test_study_tracks_every_trial_and_best_yaml_reproduces_the_best(data, tmp_pa
     assert {"trials.csv", "best.yaml", "plots"} <= artifacts
 
 
-def running(pid: int) -> bool:
-    """Whether `pid` still runs: gone, or exited and not yet reaped (a zombie), is not running."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_a_killed_study_continues_where_it_stopped(data, tmp_path):
     out = tmp_path / "study"
     argv = tune_argv(data, out, "lr: {low: 0.001, high: 0.01, log: true}\n", "--trials", "3", "--parallel", "1",
@@ -124,7 +117,7 @@ def test_a_killed_study_continues_where_it_stopped(data, tmp_path):
     assert [t.state.name for t in before] == ["COMPLETE", "RUNNING"]
     orphan = before[1].user_attrs["train_pid"]
     time.sleep(1)
-    assert not running(orphan)  # the trial died with the study
+    assert not process_alive(orphan)  # the trial died with the study
 
     done = subprocess.run([sys.executable, "-m", "ctrflow", *argv], env=ENV, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -152,7 +145,7 @@ def test_a_pruned_trial_stops_early(data, tmp_path):
     assert max(r["step"] for r in records) < 19  # stopped before the epoch's 19 steps
     assert good.user_attrs["steps"][-1] == 19
     assert not list((tmp_path / "study" / "trials" / "0001").glob("step_*"))
-    assert not running(bad.user_attrs["train_pid"])
+    assert not process_alive(bad.user_attrs["train_pid"])
 
 
 def test_the_budget_stops_starting_trials(data, tmp_path, capsys):
