@@ -24,7 +24,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", default="criteo", choices=("criteo", "movielens-like"),
                         help="which synthetic dataset runs through the pipeline")
     parser.add_argument("--rows", type=int, default=200_000, help="synthetic rows per day")
-    parser.add_argument("--model", default="dlrm", choices=("dlrm", "dcnv2", "deepfm", "wide_deep"))
+    from ctrflow.models import MODELS
+
+    parser.add_argument("--model", default="dlrm", choices=list(MODELS), help="ranking model")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tracking-uri", default=None,

@@ -11,7 +11,7 @@ import pytest
 from ctrflow.cli import main
 from ctrflow.commands.train import FLAGS
 from ctrflow.config import DataConfig, ModelConfig, OptimConfig, TrainConfig, criteo_1tb_config
-from ctrflow.config_file import load_config, preset_names, read_config
+from ctrflow.config.files import load_config, preset_names, read_config
 from ctrflow.errors import UserError
 
 
