@@ -20,6 +20,7 @@ cannot be searched.
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, is_dataclass
 from pathlib import Path
 from typing import Any
