@@ -11,7 +11,8 @@ def train(data: Input[Dataset], checkpoint: Output[Model], model: str = "dlrm", 
           batch_size: int = 0, embedding_dim: int = 0, learning_rate: float = 0.0, max_steps: int = 0,
           num_gpus: int = 0, seed: int = 0, tracking_uri: str = "", experiment: str = "ctrflow",
           parent_run_id: str = "", kfp_run_id: str = "", init_from: str = "", config: str = ""):
-    """Train `model` on `data` into `checkpoint`. Zero for batch_size, embedding_dim, learning_rate
+    """Train `model` (a registered model's name: `ctrflow train --model`'s choices) on `data` into
+    `checkpoint`. Zero for batch_size, embedding_dim, learning_rate
     or max_steps means the step's own default (no limit for max_steps). `init_from`: a checkpoint
     to warm-start from (`--init-from`; "" trains from scratch). `config`: a config file's text (the
     tune task's best.yaml) that sets every field instead of the flags above; "" for none. Metadata:

@@ -12,9 +12,9 @@ def tune(data: Input[Dataset], study: Output[Artifact], trials: int, parallel: i
          learning_rate: float = 0.0, max_steps: int = 0, seed: int = 0, tracking_uri: str = "",
          experiment: str = "ctrflow", parent_run_id: str = "", kfp_run_id: str = "") -> str:
     """Search `space` (the search space file's YAML text) over `trials` trials of `ctrflow train` on
-    `data`, the train step's settings (0: its default) as every trial's base. `study` holds
-    best.yaml, trials.csv, the plots and each trial's log and metrics (no checkpoints: the train task
-    trains the best config again). Returns best.yaml's text for the train task; "" when `trials` is 0
+    `data`, the train step's settings (0: its default; `model` a registered model's name) as every
+    trial's base. `study` holds best.yaml, trials.csv, the plots and each trial's log and metrics (no
+    checkpoints: the train task trains the best config again). Returns best.yaml's text for the train task; "" when `trials` is 0
     (no tuning: the task does nothing). Metadata: the best trial, its AUC and parameters."""
     import csv
     from pathlib import Path

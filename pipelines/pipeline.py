@@ -102,6 +102,7 @@ def ctrflow_pipeline(
     synthetic dataset ("criteo" or "movielens-like"); train_files / valid_files: comma-separated glob
     patterns inside it (no valid files: hold out `valid_fraction` of the training rows).
     freq_threshold: occurrences a value needs for its own id (0: the description's default).
+    model: a registered model's name (`ctrflow train --model`'s choices: `ctrflow.models.MODELS`).
     batch_size, embedding_dim, learning_rate, max_steps: 0 keeps the train step's default. num_gpus: GPUs of the train task (0: CPU; more than 1: torchrun); gpu_type: their
     resource name (`nvidia.com/gpu` on Kubernetes, e.g. `NVIDIA_H100_80GB` on Vertex AI).
     tune_trials: trials of the tuning stage before training (0: no tuning), `tune_parallel` at a

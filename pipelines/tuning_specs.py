@@ -35,12 +35,12 @@ KATIB_FAILURE = 'status.conditions.#(type=="Failed")#|#(status=="True")#'
 
 def train_flag(param: Param, where: str) -> str:
     """The `ctrflow train` flag (without dashes) that sets `param`'s field; UserError where none can."""
-    from ctrflow.commands.train import FLAGS
+    from ctrflow.commands.train import all_flags
 
     if param.key == THRESHOLD:
         raise UserError(f"{where}: {THRESHOLD} cannot be searched by a managed service (trials read the data as "
                         f"it is); preprocess at the threshold you want, or tune it with `ctrflow tune`")
-    flags = {key: flag for flag, key, options, _text in FLAGS if options.get("action") is None}
+    flags = {key: flag for flag, key, options, _text in all_flags() if options.get("action") is None}
     if param.key not in flags:
         raise UserError(f"{where}: {param.key} is a yes/no field; its flags take no value, so a service cannot set it")
     return flags[param.key][2:]

@@ -13,6 +13,7 @@ import torch
 from tests.fixtures.training import write_processed
 
 from ctrflow.config import DataConfig, ModelConfig, OptimConfig, TrainConfig  # noqa: E402
+from ctrflow.models.dcnv2 import DCNv2Config  # noqa: E402
 from ctrflow.checkpoint import load_model  # noqa: E402
 from ctrflow.train.loop import train  # noqa: E402
 
@@ -21,8 +22,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 def config(data, out, **kw) -> TrainConfig:
     # DCNv2 at widths fp8 takes: 27 x 32 = 864 into cross layers of rank 512 and a 512-wide deep MLP
-    model = ModelConfig(name="dcnv2", embedding_dim=32, bottom_mlp=(64,), deep_mlp=(512, 256),
-                        cross_layers=2, cross_rank=512)
+    model = ModelConfig(name="dcnv2", embedding_dim=32,
+                        arch=DCNv2Config(bottom_mlp=(64,), deep_mlp=(512, 256), cross_layers=2, cross_rank=512))
     return TrainConfig(out=str(out), data=DataConfig(path=str(data), batch_size=1024, eval_batch_size=4096),
                        model=model, optim=OptimConfig(sparse="adagrad", warmup_steps=5), device="cuda",
                        epochs=1, progress=False, log_every=1, **kw)

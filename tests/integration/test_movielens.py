@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from ctrflow.cli import main
-from ctrflow.config import MODELS
+from ctrflow.models import MODELS
 
 pytestmark = pytest.mark.integration
 ROWS = 4000

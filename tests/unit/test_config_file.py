@@ -1,5 +1,6 @@
 """`ctrflow train --config FILE|PRESET`: files and presets, flags over them, `--print-config` round trips,
-one-line errors naming the key and the file, and a flag for every config field."""
+one-line errors naming the key and the file, a flag for every config field, and files written before
+models owned their settings."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import json
 import pytest
 
 from ctrflow.cli import main
-from ctrflow.commands.train import FLAGS
-from ctrflow.config import DataConfig, ModelConfig, OptimConfig, TrainConfig, criteo_1tb_config
-from ctrflow.config_file import load_config, preset_names, read_config
+from ctrflow.commands.train import all_flags
+from ctrflow.config import ModelConfig, TrainConfig, criteo_1tb_config
+from ctrflow.config.files import load_config, preset_names, read_config
+from ctrflow.config.tree import section_types
 from ctrflow.errors import UserError
+from ctrflow.models.dcnv2 import DCNv2Config
 
 
 def printed_config(capsys, *argv: str) -> str:
@@ -28,12 +31,13 @@ def test_print_config_fed_back_gives_the_same_config(tmp_path, capsys):
     again = printed_config(capsys, "--config", str(tmp_path / "run.yaml"))
     assert again == first
     config = load_config(str(tmp_path / "run.yaml"))
-    assert config.model == ModelConfig(name="dcnv2", embedding_dim=128, bottom_mlp=(512, 256),
-                                       top_mlp=(1024, 1024, 512, 256), deep_mlp=(512, 256, 128), cross_layers=3,
-                                       cross_rank=64, dropout=0.25, embedding_init_scale=1.0)
+    assert config.model == ModelConfig(name="dcnv2", embedding_dim=128, dropout=0.25, embedding_init_scale=1.0,
+                                       arch=DCNv2Config(bottom_mlp=(512, 256), deep_mlp=(512, 256, 128),
+                                                        cross_layers=3, cross_rank=64))
     assert (config.optim.decay_start_step, config.optim.decay_start_epoch, config.optim.sparse_lr,
             config.data.shuffle, config.overwrite) == (None, None, 0.5, False, True)
     assert "deep_mlp: [512, 256, 128]" in first  # widths read as written
+    assert "top_mlp" not in first  # the preset's DLRM widths: not DCNv2's setting
 
 
 def test_flags_override_the_file_only_where_given(tmp_path):
@@ -42,7 +46,7 @@ def test_flags_override_the_file_only_where_given(tmp_path):
                                 "model": {"top_mlp": [32]}}))
     config = load_config(str(path), {"data.batch_size": 64, "model.dropout": 0.1})
     assert (config.data.batch_size, config.data.path, config.optim.lr) == (64, "d", 0.5)
-    assert (config.model.top_mlp, config.model.dropout, config.model.bottom_mlp) == ((32,), 0.1, (64, 32))
+    assert (config.model.arch.top_mlp, config.model.dropout, config.model.arch.bottom_mlp) == ((32,), 0.1, (64, 32))
     assert config.epochs == TrainConfig().epochs  # neither file nor flag: the default
 
 
@@ -73,14 +77,15 @@ def test_a_missing_config_names_the_presets(capsys):
 
 def test_every_config_field_has_a_flag():
     def dotted(cls, prefix=""):
-        for f in dataclasses.fields(cls):
-            if dataclasses.is_dataclass(f.type) or f.name in ("data", "model", "optim"):
-                yield from dotted({"data": DataConfig, "model": ModelConfig, "optim": OptimConfig}[f.name], f"{f.name}.")
+        for name, hint in section_types(cls).items():
+            if dataclasses.is_dataclass(hint):
+                yield from dotted(hint, f"{name}.")
             else:
-                yield prefix + f.name
+                yield prefix + name
 
     fields = set(dotted(TrainConfig))
-    flagged = [key for _flag, key, _options, _help in FLAGS]
+    assert {"model.cross_rank", "model.top_mlp", "model.deep_mlp", "model.embedding_dim"} <= fields
+    flagged = [key for _flag, key, _options, _help in all_flags()]
     assert sorted(flagged) == sorted(fields)  # each field once
 
 
@@ -92,7 +97,8 @@ def test_flags_reach_the_new_fields(capsys):
     import yaml
 
     config = TrainConfig.from_dict(yaml.safe_load(out))
-    assert (config.model.bottom_mlp, config.model.top_mlp, config.model.cross_layers) == ((16,), (), 2)
+    assert (config.model.arch.bottom_mlp, config.model.arch.top_mlp) == ((16,), ())
+    assert "cross_layers" not in out  # DCNv2's setting: DLRM runs
     assert (config.optim.weight_decay, config.optim.decay_steps, config.optim.decay_power,
             config.optim.min_lr_factor) == (1e-5, 100, 1.5, 0.1)
     assert (config.keep_checkpoints, config.data.prefetch, config.threads, config.progress) == (5, 0, None, False)
@@ -101,12 +107,14 @@ def test_flags_reach_the_new_fields(capsys):
 def test_the_mlperf_preset_is_the_criteo_1tb_dlrm_shape():
     assert "mlperf-dlrm" in preset_names()
     preset = load_config("mlperf-dlrm")
-    assert (preset.model.name, preset.model.embedding_dim, preset.model.bottom_mlp, preset.model.top_mlp) == \
-        ("dlrm", 128, (512, 256), (1024, 1024, 512, 256))
+    assert (preset.model.name, preset.model.embedding_dim, preset.model.arch.bottom_mlp, preset.model.arch.top_mlp) \
+        == ("dlrm", 128, (512, 256), (1024, 1024, 512, 256))
     assert (preset.data.batch_size, preset.optim.warmup_steps, preset.optim.decay_start_step) == (65536, 500, 4000)
-    assert criteo_1tb_config("d", "o", "dcnv2") == dataclasses.replace(
-        preset, out="o", data=dataclasses.replace(preset.data, path="d"),
-        model=dataclasses.replace(preset.model, name="dcnv2"))
+    dcn = criteo_1tb_config("d", "o", "dcnv2")  # the same file gives DCNv2 its own settings
+    assert dcn.model.arch == DCNv2Config(bottom_mlp=(512, 256), deep_mlp=(1024, 1024, 512, 256), cross_layers=3,
+                                         cross_rank=512)
+    assert dcn == dataclasses.replace(preset, out="o", data=dataclasses.replace(preset.data, path="d"),
+                                      model=dataclasses.replace(preset.model, name="dcnv2", arch=dcn.model.arch))
 
 
 def test_presets_are_listed_in_help(capsys):
@@ -118,3 +126,41 @@ def test_presets_are_listed_in_help(capsys):
 def test_train_without_data_or_out_says_which_is_missing(capsys):
     assert main(["train", "--config", "mlperf-dlrm"]) == 2
     assert "--data and --out required" in capsys.readouterr().err
+
+
+# the model section as `--print-config` wrote it before models owned their settings: every model's fields
+OLD_MODEL_SECTION = """model:
+  name: wide_deep
+  embedding_dim: 8
+  bottom_mlp: [64, 32]
+  top_mlp: [128, 64]
+  deep_mlp: [48, 24]
+  cross_layers: 3
+  cross_rank: 32
+  dropout: 0.1
+  embedding_init_scale: 0.1
+"""
+
+
+def test_a_config_file_of_the_flat_model_section_still_loads(tmp_path, capsys):
+    (tmp_path / "old.yaml").write_text(OLD_MODEL_SECTION + "epochs: 2\n")
+    config = load_config(str(tmp_path / "old.yaml"))
+    assert (config.model.name, config.model.embedding_dim, config.model.dropout, config.epochs) == \
+        ("wide_deep", 8, 0.1, 2)
+    assert config.model.arch_kwargs() == {"deep_mlp": [48, 24], "dropout": 0.1}
+    switched = load_config(str(tmp_path / "old.yaml"), {"model.name": "dcnv2", "model.cross_rank": 16})
+    assert (switched.model.arch.deep_mlp, switched.model.arch.cross_rank) == ((48, 24), 16)
+    new = printed_config(capsys, "--config", str(tmp_path / "old.yaml"))
+    assert "deep_mlp: [48, 24]" in new and "top_mlp" not in new and "cross_rank" not in new
+
+
+def test_an_old_checkpoints_config_json_still_loads(tmp_path):
+    import yaml
+
+    model = yaml.safe_load(OLD_MODEL_SECTION)["model"] | {"name": "dcnv2"}
+    asked = {"out": "ckpt", "data": {"path": "d", "batch_size": 256}, "model": model, "optim": {"lr": 0.01}}
+    (tmp_path / "config.json").write_text(json.dumps({"asked": asked, "resolved": asked, "plan": {}}))
+    config = load_config(str(tmp_path / "config.json"))
+    assert config.model == ModelConfig(name="dcnv2", embedding_dim=8, dropout=0.1, arch=DCNv2Config(
+        bottom_mlp=(64, 32), deep_mlp=(48, 24), cross_layers=3, cross_rank=32))
+    assert TrainConfig.from_dict(asked) == config  # as checkpoints read it back

@@ -18,6 +18,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests
 SIZES = [30 + i for i in range(len(SPARSE))]
 
 
+def small_arch(name: str) -> dict:
+    """Model `name`'s settings with DCNv2's cross rank cut to 4 (other models pass over it)."""
+    return ModelConfig.from_dict({"name": name, "cross_rank": 4}).arch_kwargs()
+
+
 def tiny_problem(rows: int = 256, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
     sparse = torch.randint(0, 30, (rows, len(SPARSE)), generator=gen)
@@ -30,7 +35,7 @@ def tiny_problem(rows: int = 256, seed: int = 0):
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_every_model_maps_a_batch_to_one_logit_per_row(name):
-    model = build_model(name, Features.categorical(SIZES, 13), 8, **ModelConfig(name=name, cross_rank=4).arch_kwargs())
+    model = build_model(name, Features.categorical(SIZES, 13), 8, **small_arch(name))
     dense, sparse, _ = tiny_problem(7)
     logits = model(dense, sparse)
     assert logits.shape == (7,)
@@ -40,7 +45,7 @@ def test_every_model_maps_a_batch_to_one_logit_per_row(name):
 @pytest.mark.parametrize("name", list(MODELS))
 def test_every_model_learns_tiny_data(name):
     torch.manual_seed(0)
-    model = build_model(name, Features.categorical(SIZES, 13), 8, **ModelConfig(name=name, cross_rank=4).arch_kwargs())
+    model = build_model(name, Features.categorical(SIZES, 13), 8, **small_arch(name))
     optimizers = build_optimizers(model, OptimConfig(lr=3e-3, sparse_lr=0.05))
     dense, sparse, labels = tiny_problem()
     losses = []
@@ -109,7 +114,7 @@ def feature_problem(features: Features, rows: int = 256, seed: int = 0):
 @pytest.mark.parametrize("name", list(MODELS))
 def test_every_model_learns_any_feature_set(name, kind):
     features = FEATURE_SETS[kind]
-    model = build_model(name, features, 8, **ModelConfig(name=name, cross_rank=4).arch_kwargs())
+    model = build_model(name, features, 8, **small_arch(name))
     # a toy's fast rates, without the embedding L2: DLRM without dense features reaches the output only
     # through products of embeddings, and 40 steps on 256 rows are too few to pull them away from zero
     optimizers = build_optimizers(model, OptimConfig(lr=3e-3, sparse_lr=0.05, embedding_l2=0.0))
@@ -147,10 +152,34 @@ def test_dropout_drops_while_training_and_not_in_eval():
 @pytest.mark.parametrize("name", list(MODELS))
 def test_a_model_starts_at_the_click_rate(name):
     features = Features.categorical(SIZES, 13)
-    model = build_model(name, features, 8, **ModelConfig(name=name, cross_rank=4).arch_kwargs())
+    model = build_model(name, features, 8, **small_arch(name))
     model.set_output_bias(0.2)
     dense, sparse, _ = tiny_problem(512)
     logits = model(dense, sparse).detach()
     assert abs(float(logits.median()) - math.log(0.2 / 0.8)) < 0.5, float(logits.median())
     if model.linear_embeddings is not None:  # first-order terms start at zero, as a linear model does
         assert torch.equal(model.first_order(dense, sparse), torch.zeros(512))
+
+
+def test_a_model_takes_its_own_settings_and_refuses_another_models():
+    model = build_model("dcnv2", Features.categorical(SIZES, 13), 8, cross_layers=2, cross_rank=4, deep_mlp=[16])
+    assert (len(model.interaction.down), model.interaction.down[0].out_features) == (2, 4)
+    assert model.over_arch[0].out_features == 16  # a checkpoint's JSON lists widths: read as a tuple
+    with pytest.raises(TypeError, match="cross_rank"):
+        build_model("dlrm", Features.categorical(SIZES, 13), 8, cross_rank=4)
+
+
+def test_the_registry_refuses_a_second_name_and_a_setting_of_another_type():
+    from dataclasses import dataclass
+
+    from ctrflow.models import spec
+
+    @dataclass(frozen=True)
+    class Clash:
+        cross_rank: float = 0.5  # DCNv2's is an int: one flag could not parse both
+
+    with pytest.raises(ValueError, match="registered twice"):
+        spec.register("dlrm", MODELS["dlrm"].model, MODELS["dlrm"].config)
+    with pytest.raises(TypeError, match="setting 'cross_rank'"):
+        spec.register("clash", MODELS["dcnv2"].model, Clash)
+    assert "clash" not in spec.MODELS

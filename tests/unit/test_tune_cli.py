@@ -70,9 +70,9 @@ def test_data_without_a_validation_split_is_refused(capsys, data, tmp_path):
 
 def test_a_trial_config_validates_a_fixed_number_of_times_per_epoch(tmp_path):
     base = TrainConfig(data=DataConfig(path="ignored", batch_size=256), seed=7, eval_every=1000)
-    config = trial_config(base, {"optim.lr": 0.004, "model.deep_mlp": (32, 16), "freq_threshold": 9},
+    config = trial_config(base, {"optim.lr": 0.004, "model.top_mlp": (32, 16), "freq_threshold": 9},
                           tmp_path / "view", tmp_path / "trial", train_rows=10_000, evals_per_epoch=4, threads=1)
-    assert config.optim.lr == 0.004 and config.model.deep_mlp == (32, 16) and config.seed == 7
+    assert config.optim.lr == 0.004 and config.model.arch.top_mlp == (32, 16) and config.seed == 7
     assert config.data.path == str(tmp_path / "view") and config.out == str(tmp_path / "trial")
     assert config.eval_every == 10  # 39 steps an epoch / 4, rounded up: validations at 10, 20, 30, 39
     assert config.threads == 1 and config.progress is False

@@ -2,17 +2,21 @@
 
 Runs alone (one process, CPU or one GPU) or under `torchrun --nproc-per-node N -m ctrflow train`.
 The run is `--config FILE|PRESET` (optional) with the flags given on the command line over it; every
-field of `ctrflow.config.TrainConfig` has a flag. `--print-config` prints the whole as YAML and exits.
+field of `ctrflow.config.TrainConfig` has a flag, each registered model's own settings included (a
+flag per setting name, from `ctrflow.models`). `--print-config` prints the whole as YAML and exits.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import types
+import typing
 from typing import Any
 
-from ctrflow.config import CHOICES, TrainConfig
+from ctrflow.config import TrainConfig, choices_of
 from ctrflow.errors import UserError
+from ctrflow.models.spec import setting_help, setting_types
 from ctrflow.tracking import NullTracker, add_tracking_flags, tracker_from_args
 
 NONE = "none"  # the value that sets an optional field to null from the command line
@@ -38,19 +42,13 @@ def optional(kind):
     return parse
 
 
-# (flag, config field, argparse options, help): every TrainConfig field, the flags' one table
+# (flag, config field, argparse options, help): every TrainConfig field but the models' own settings
+# (`model_flags`, listed after --embedding-dim), the flags' one table
 FLAGS: list[tuple[str, str, dict[str, Any], str]] = [
     ("--data", "data.path", {"metavar": "DIR"}, "processed data directory (ctrflow preprocess --out)"),
     ("--out", "out", {"metavar": "CKPT"}, "checkpoint directory to write"),
     ("--model", "model.name", {}, "ranking model"),
     ("--embedding-dim", "model.embedding_dim", {"type": int}, "embedding width"),
-    ("--bottom-mlp", "model.bottom_mlp", {"type": widths, "metavar": "W,W,..."},
-     "dense arch hidden widths (then -> embedding dim)"),
-    ("--top-mlp", "model.top_mlp", {"type": widths, "metavar": "W,W,..."}, "DLRM over arch hidden widths (then -> 1)"),
-    ("--deep-mlp", "model.deep_mlp", {"type": widths, "metavar": "W,W,..."},
-     "DCNv2 / DeepFM / Wide&Deep deep MLP hidden widths (then -> 1)"),
-    ("--cross-layers", "model.cross_layers", {"type": int}, "DCNv2 cross layers"),
-    ("--cross-rank", "model.cross_rank", {"type": int}, "DCNv2 low-rank factor of each cross layer"),
     ("--dropout", "model.dropout", {"type": float}, "share of each hidden activation of the over arch / deep MLP "
                                                     "dropped while training"),
     ("--embedding-init-scale", "model.embedding_init_scale", {"type": float},
@@ -125,17 +123,55 @@ FLAGS: list[tuple[str, str, dict[str, Any], str]] = [
 ]
 
 
+def model_flags() -> list[tuple[str, str, dict[str, Any], str]]:
+    """A flag per registered model setting (`cross_rank` -> `--cross-rank`), typed by its field, its
+    help naming the models that have it."""
+    out = []
+    for key, hint in setting_types().items():
+        text, defaults = setting_help(key)
+        out.append((f"--{key.replace('_', '-')}", f"model.{key}", flag_options(hint),
+                    f"{', '.join(defaults)}: {text}"))
+    return out
+
+
+def flag_options(hint: Any) -> dict[str, Any]:
+    """The argparse options of a field of type `hint` (widths, numbers, names, switches; `none` for null)."""
+    union = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else ()
+    kind = next((o for o in union if o is not type(None)), hint)
+    if kind is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if typing.get_origin(kind) is tuple:
+        return {"type": widths, "metavar": "W,W,..."}
+    kind = kind if kind in (int, float) else str
+    return {"type": optional(kind) if type(None) in union else kind}
+
+
+def all_flags() -> list[tuple[str, str, dict[str, Any], str]]:
+    """`FLAGS` with the models' own settings after --embedding-dim."""
+    at = next(i for i, row in enumerate(FLAGS) if row[1] == "model.embedding_dim") + 1
+    return [*FLAGS[:at], *model_flags(), *FLAGS[at:]]
+
+
 def _default(key: str) -> Any:
+    if key.startswith("model.") and key[6:] in setting_types():
+        defaults = {model: _shown(value) for model, value in setting_help(key[6:])[1].items()}
+        if len(set(map(str, defaults.values()))) == 1:
+            return next(iter(defaults.values()))
+        return "; ".join(f"{model} {value}" for model, value in defaults.items())
     value: Any = TrainConfig()
     for part in key.split("."):
         value = getattr(value, part)
+    return _shown(value)
+
+
+def _shown(value: Any) -> Any:
     return ",".join(map(str, value)) if isinstance(value, tuple) else value
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Flags of `ctrflow train`: `--config`, `--print-config` and one flag per config field, each
     defaulting to None (not given) so that only the flags given override the file."""
-    from ctrflow.config_file import preset_names
+    from ctrflow.config.files import preset_names
 
     parser.add_argument("--config", metavar="FILE|PRESET", default=None,
                         help="YAML or JSON file of config fields (flags override it), or a preset: "
@@ -144,9 +180,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report-metrics", action="append", metavar="vertex|katib|none", default=None,
                         help="also report each validation AUC to a tuning service: vertex (the cloudml-hypertune "
                              "metrics file), katib (stdout lines for its metrics collector); repeatable")
-    for flag, key, options, text in FLAGS:
-        if key in CHOICES:
-            options = {"choices": CHOICES[key], **options}
+    for flag, key, options, text in all_flags():
+        if choices_of(key):
+            options = {"choices": choices_of(key), **options}
         if "type" in options and "metavar" not in options:
             options = {"metavar": {"int": "N", "float": "X"}.get(options["type"].__name__, "VALUE"), **options}
         default = _default(key)
@@ -157,9 +193,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The `TrainConfig` of `--config` (or the defaults) with the flags given over it."""
-    from ctrflow.config_file import load_config
+    from ctrflow.config.files import load_config
 
-    given = {key: getattr(args, key) for _flag, key, _options, _text in FLAGS if getattr(args, key) is not None}
+    given = {key: getattr(args, key) for _flag, key, _options, _text in all_flags() if getattr(args, key) is not None}
     overrides = {key: None if value == NONE else value for key, value in given.items()}
     return load_config(args.config, overrides)
 
@@ -168,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
     """Train (or, with --print-config, print the config); prints the final validation AUC and the checkpoint."""
     config = config_from_args(args)
     if args.print_config:
-        from ctrflow.config_file import to_yaml
+        from ctrflow.config.files import to_yaml
 
         print(to_yaml(config), end="")
         return 0

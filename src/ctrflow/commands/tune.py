@@ -10,17 +10,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ctrflow.config import MODELS
 from ctrflow.tracking import add_tracking_flags
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Flags of `ctrflow tune`."""
-    from ctrflow.config_file import preset_names
+    from ctrflow.config.files import preset_names
+    from ctrflow.models import MODELS
 
     parser.add_argument("--data", required=True, metavar="DIR", help="processed data (ctrflow preprocess --out), "
                                                                       "with a validation split")
-    parser.add_argument("--model", choices=MODELS, default=None, help="ranking model (default: the --config's)")
+    parser.add_argument("--model", choices=list(MODELS), default=None, help="ranking model (default: the --config's)")
     parser.add_argument("--space", required=True, metavar="FILE",
                         help="search space YAML: config fields (lr, optim.lr, embedding_dim, ...) or freq_threshold "
                              "to {low, high[, log][, step]} or {choices: [...]}")

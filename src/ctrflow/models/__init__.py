@@ -1,4 +1,4 @@
-"""Ranking models: DLRM, DCNv2, DeepFM, Wide&Deep.
+"""Ranking models: DLRM, DCNv2, DeepFM, Wide&Deep, each registered by its own file.
 
 Every model maps `dense` [B, num_dense] float32 and `sparse` [B, slots] int ids (the feature
 contract, `ctrflow.features`) to logits [B] and is a `RankingModel`, a composition of named parts:
@@ -11,10 +11,14 @@ Every embedding table lives in an `ctrflow.embedding.collection.EmbeddingCollect
 dotted path; a sharding step swaps one for a sharded equivalent with
 `replace_module(model, path, new)`. Code that handles weights (optimizers, checkpoints) goes
 through these two functions, never through the attribute names.
+
+Each model file declares its class and its own settings and registers them (`ctrflow.models.spec`);
+importing it below is its one registration line.
 """
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 import torch
@@ -22,13 +26,14 @@ from torch import nn
 
 from ctrflow.embedding.collection import EmbeddingCollection
 from ctrflow.features import Features
+# the registration lines: each file registers its model, in the order `--model` lists them
+from ctrflow.models import dlrm, dcnv2, deepfm, wide_deep  # noqa: F401, I001
 from ctrflow.models.base import RankingModel
 from ctrflow.models.dcnv2 import DCNv2
 from ctrflow.models.deepfm import DeepFM
 from ctrflow.models.dlrm import DLRM
+from ctrflow.models.spec import MODELS, ModelSpec, register, spec_of
 from ctrflow.models.wide_deep import WideDeep
-
-MODELS: dict[str, type[RankingModel]] = {"dlrm": DLRM, "dcnv2": DCNv2, "deepfm": DeepFM, "wide_deep": WideDeep}
 
 
 def build_model(name: str, features: Features, embedding_dim: int = 16, seed: int = 0,
@@ -36,19 +41,22 @@ def build_model(name: str, features: Features, embedding_dim: int = 16, seed: in
     """A freshly initialised model; the same arguments give the same weights, on any machine.
 
     `features` is the feature contract (`Schema.features`, or any object with a `features`
-    attribute holding one); `arch` holds the architecture's own settings (`ModelConfig.arch_kwargs()`)
-    and may set `embedding_init_scale` (the tables' uniform(+-1/sqrt(rows)) draw is multiplied by it;
-    default `base.EMBEDDING_INIT_SCALE`, 0.1; 1.0 is DLRM's reference init).
+    attribute holding one); `arch` holds the model's own settings (its registered settings class's
+    fields; those left out keep their defaults), `dropout`, and `embedding_init_scale` (the tables'
+    uniform(+-1/sqrt(rows)) draw is multiplied by it; default `base.EMBEDDING_INIT_SCALE`, 0.1; 1.0 is
+    DLRM's reference init): `ModelConfig.arch_kwargs()` and a checkpoint's `meta.json` give them.
     """
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    spec = spec_of(name)
+    own = {f.name for f in fields(spec.config)}
+    settings = spec.config(**{k: tuple(v) if isinstance(v, list) else v for k, v in arch.items() if k in own})
     features = getattr(features, "features", features)  # a Schema carries its features
     if not isinstance(features, Features):
         raise TypeError(f"build_model takes the feature contract (ctrflow.features.Features), got {type(features)}")
     # dense layers draw from the global generator: fork it so building a model has no side effect
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return MODELS[name](features, embedding_dim=embedding_dim, seed=seed, **arch)
+        return spec.model(features, embedding_dim, settings, seed=seed, **{k: v for k, v in arch.items()
+                                                                             if k not in own})
 
 
 def embedding_collections(model: nn.Module) -> dict[str, nn.Module]:
@@ -73,5 +81,5 @@ def replace_module(model: nn.Module, path: str, new: nn.Module) -> None:
     setattr(parent, leaf, new)
 
 
-__all__ = ["DCNv2", "DLRM", "DeepFM", "MODELS", "RankingModel", "WideDeep", "build_model", "embedding_collections",
-           "replace_module"]
+__all__ = ["DCNv2", "DLRM", "DeepFM", "MODELS", "ModelSpec", "RankingModel", "WideDeep", "build_model",
+           "embedding_collections", "register", "replace_module", "spec_of"]

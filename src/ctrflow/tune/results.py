@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ctrflow.config import TrainConfig
-from ctrflow.config_file import to_yaml
+from ctrflow.config.files import to_yaml
 from ctrflow.tune.trial import DIRECTIONS
 
 PLOTS = ("optimization_history", "parallel_coordinate", "param_importances")

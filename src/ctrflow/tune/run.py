@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ctrflow.config_file import load_config
+from ctrflow.config.files import load_config
 from ctrflow.errors import UserError
 from ctrflow.schema import Schema
 from ctrflow.tune.results import drop_checkpoints, summary, write_best, write_plots, write_trials_csv

@@ -14,19 +14,19 @@ to a range or a list of choices:
 A range is int when the field takes ints (its bounds and step must then be integers) and float when it
 takes floats, whatever the bounds are written as: `{low: 0, high: 1}` for `dropout` ranges over
 [0, 1], not over {0, 1}. Every bound and choice is checked as `--config` checks the field's values
-(type, `ctrflow.config.CHOICES`). Fields the tuner sets itself (`out`, `data.path`, `resume`, ...)
+(type, `ctrflow.config.choices_of`). Fields the tuner sets itself (`out`, `data.path`, `resume`, ...)
 cannot be searched.
 """
 
 from __future__ import annotations
 
 import typing
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from ctrflow.config import TrainConfig
-from ctrflow.config_file import check_value, parse_file
+from ctrflow.config.tree import TrainConfig, section_types
+from ctrflow.config.files import check_value, parse_file
 from ctrflow.errors import UserError
 
 THRESHOLD = "freq_threshold"  # the data's frequency threshold: a view of the processed data per value
@@ -102,16 +102,16 @@ def encode_choice(choice: Any) -> Any:
 
 
 def config_fields() -> dict[str, Any]:
-    """`{dotted key: type hint}` of every `TrainConfig` field (sections flattened)."""
+    """`{dotted key: type hint}` of every `TrainConfig` field (sections flattened; the model section's
+    settings of every registered model)."""
     out: dict[str, Any] = {}
 
     def walk(cls, prefix: str) -> None:
-        hints = typing.get_type_hints(cls)
-        for f in fields(cls):
-            if is_dataclass(hints[f.name]):
-                walk(hints[f.name], f"{prefix}{f.name}.")
+        for name, hint in section_types(cls).items():
+            if is_dataclass(hint):
+                walk(hint, f"{prefix}{name}.")
             else:
-                out[f"{prefix}{f.name}"] = hints[f.name]
+                out[f"{prefix}{name}"] = hint
 
     walk(TrainConfig, "")
     return out

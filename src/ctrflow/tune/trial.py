@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ctrflow.config import TrainConfig
-from ctrflow.config_file import check_config, merge, nest, to_yaml
+from ctrflow.config.files import check_config, merge, nest, to_yaml
 from ctrflow.tune.space import THRESHOLD
 
 METRIC_KEYS = {"auc": "auc", "logloss": "valid_logloss"}  # study metric -> metrics.jsonl key

@@ -37,7 +37,8 @@ def save_model(net, schema, out: Path, model: str = "dlrm") -> Path:
     from ctrflow.train.distributed import Runtime
     from ctrflow.train.optim import build_optimizers
 
-    arch = ModelConfig(name=model, embedding_dim=4, bottom_mlp=(8,), top_mlp=(8,), deep_mlp=(8,))
+    arch = ModelConfig.from_dict({"name": model, "embedding_dim": 4, "bottom_mlp": (8,), "top_mlp": (8,),
+                                 "deep_mlp": (8,)})  # each model takes the widths it has
     config = TrainConfig(out=str(out), model=arch)
     save_checkpoint(out, net, build_optimizers(net, config.optim), {"step": 1, "epoch": 0, "batch": 0},
                     config, schema, Runtime(0, 1, 0, torch.device("cpu")))

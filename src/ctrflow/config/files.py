@@ -6,9 +6,11 @@ and the sections `data`, `model` and `optim`, e.g.
     model: {name: dcnv2, embedding_dim: 64, deep_mlp: [512, 256], cross_rank: 64, dropout: 0.1}
     optim: {lr: 0.002, weight_decay: 1.0e-5}
 
-Fields left out keep the dataclasses' defaults; a key that is no field, or a value of the wrong type
-or outside a field's choices (`ctrflow.config.CHOICES`), is a one-line `UserError` naming the key and
-the file. Presets are such files shipped in `ctrflow/presets/` (`mlperf-dlrm`), named without `.yaml`.
+The `model` section is flat: the common fields and the settings of any registered model, of which
+the model `name` names takes its own (`ctrflow.config.tree.ModelConfig.from_dict`). Fields left out
+keep their defaults; a key that is no field, or a value of the wrong type or outside a field's
+choices (`ctrflow.config.tree.choices_of`), is a one-line `UserError` naming the key and the file.
+Presets are such files shipped in `ctrflow/config/presets/` (`mlperf-dlrm`), named without `.yaml`.
 A checkpoint's `config.json` (`{"asked": ..., "resolved": ..., "plan": ...}`) reads as its `asked` part:
 the run as it was asked for. Precedence: command-line flags over the file over the defaults.
 `to_yaml` writes a whole config that `load_config` reads back equal.
@@ -19,11 +21,11 @@ from __future__ import annotations
 import json
 import types
 import typing
-from dataclasses import fields, is_dataclass
+from dataclasses import is_dataclass
 from pathlib import Path
 from typing import Any
 
-from ctrflow.config import CHOICES, TrainConfig
+from ctrflow.config.tree import TrainConfig, choices_of, section_types
 from ctrflow.errors import UserError
 
 PRESETS_DIR = Path(__file__).parent / "presets"
@@ -80,8 +82,8 @@ def check_config(raw: Any, where: str, cls: type = TrainConfig, prefix: str = ""
     if not isinstance(raw, dict):
         raise UserError(f"{where}: {prefix.rstrip('.') or 'the config'} must be a mapping of fields, "
                         f"got {type(raw).__name__}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in fields(cls)}
+    hints = section_types(cls)
+    known = set(hints)
     out: dict[str, Any] = {}
     for key, value in raw.items():
         name = f"{prefix}{key}"
@@ -110,8 +112,9 @@ def check_value(value: Any, hint: Any, name: str, where: str) -> Any:
         if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         if option is str and isinstance(value, str):
-            if name in CHOICES and value not in CHOICES[name]:
-                raise UserError(f"{where}: {name} must be one of {', '.join(CHOICES[name])}, got {value!r}")
+            allowed = choices_of(name)
+            if allowed is not None and value not in allowed:
+                raise UserError(f"{where}: {name} must be one of {', '.join(allowed)}, got {value!r}")
             return value
         if typing.get_origin(option) is tuple and isinstance(value, (list, tuple)) and \
                 all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):

@@ -1,47 +1,70 @@
-"""Training configuration: frozen dataclasses in one tree.
+"""The run's config tree: frozen dataclasses, `TrainConfig` over `DataConfig`, `ModelConfig` and `OptimConfig`.
 
-`TrainConfig` holds a `DataConfig`, a `ModelConfig` and an `OptimConfig`. It round-trips through
-`to_dict` / `from_dict`, which is how checkpoints record it and trackers log it. Config files,
-named presets (`ctrflow/presets/*.yaml`) and command-line overrides are read by
-`ctrflow.config_file`; `CHOICES` lists the values a field may take where they are few.
+It round-trips through `to_dict` / `from_dict`, which is how checkpoints record it and trackers log
+it. The `model` section is flat: `name`, the settings every model takes (`ModelConfig`'s fields) and
+the settings of the model `name` names, which that model's file declares and registers
+(`ctrflow.models.spec`). `CHOICES` and `choices_of` list the values a field may take where they are few.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields, replace
+import typing
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-MODELS = ("dlrm", "dcnv2", "deepfm", "wide_deep")
+from ctrflow.models import MODELS, spec_of
+from ctrflow.models.spec import setting_types
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Architecture of one ranking model; only the fields its `name` uses matter."""
+    """Architecture of one ranking model: the settings every model takes, and in `arch` the settings
+    of model `name` (its registered settings class; None: that class's defaults)."""
 
     name: str = "dlrm"
     embedding_dim: int = 16
-    bottom_mlp: tuple[int, ...] = (64, 32)  # dense arch 13 -> 64 -> 32 -> embedding_dim
-    top_mlp: tuple[int, ...] = (128, 64)  # DLRM over arch, then -> 1
-    deep_mlp: tuple[int, ...] = (128, 64)  # the deep part of DCNv2 / DeepFM / Wide&Deep, then -> 1
-    cross_layers: int = 3  # DCNv2
-    cross_rank: int = 32  # DCNv2 low-rank factor of each cross layer
+    arch: Any = None
     dropout: float = 0.0  # share of each hidden activation of the over arch / deep MLP dropped while training
     # the tables are drawn by DLRM's rule, uniform(+-1/sqrt(rows)), then multiplied by this: the full
     # draw gives a 5-row table rows of norm 1 and DeepFM a first logit spread of ~1 before any step
     # (benchmarks/quality.md); 1.0 is the MLPerf reference's init
     embedding_init_scale: float = 0.1
 
+    def __post_init__(self):
+        spec = spec_of(self.name)
+        if self.arch is None:
+            object.__setattr__(self, "arch", spec.config())
+        elif not isinstance(self.arch, spec.config):
+            raise TypeError(f"model {self.name!r} takes {spec.config.__name__} settings, got {self.arch!r}")
+
     def arch_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments `build_model(self.name, ...)` takes for this architecture."""
-        per_model = {
-            "dlrm": {"bottom_mlp": self.bottom_mlp, "top_mlp": self.top_mlp},
-            "dcnv2": {"bottom_mlp": self.bottom_mlp, "deep_mlp": self.deep_mlp,
-                      "cross_layers": self.cross_layers, "cross_rank": self.cross_rank},
-            "deepfm": {"bottom_mlp": self.bottom_mlp, "deep_mlp": self.deep_mlp},
-            "wide_deep": {"deep_mlp": self.deep_mlp},
-        }
-        return {**{k: (list(v) if isinstance(v, tuple) else v) for k, v in per_model[self.name].items()},
-                "dropout": self.dropout}
+        """The keyword arguments `build_model(self.name, ...)` takes for this architecture (what a
+        checkpoint's `meta.json` records): the model's own settings and `dropout`."""
+        own = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self.arch).items()}
+        return {**own, "dropout": self.dropout}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The flat `model` section: `name`, `embedding_dim`, the model's own settings, the rest."""
+        common = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "arch"}
+        return {"name": self.name, "embedding_dim": self.embedding_dim, **asdict(self.arch), **common}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "ModelConfig":
+        """The config of a flat `model` section. Keys of other models' settings are passed over:
+        files written before models owned their settings list every model's fields, and a file may
+        hold settings for a model chosen later (`--model`); unknown keys (newer versions) likewise."""
+        raw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in raw.items()}
+        spec = spec_of(raw.get("name", cls.name))
+        own = {f.name for f in fields(spec.config)}
+        common = {f.name for f in fields(cls)} - {"arch"}
+        return cls(arch=spec.config(**{k: v for k, v in raw.items() if k in own}),
+                   **{k: v for k, v in raw.items() if k in common})
+
+    @classmethod
+    def field_types(cls) -> dict[str, Any]:
+        """`{key: type hint}` of the flat section: the common fields and every registered model's settings."""
+        hints = typing.get_type_hints(cls)
+        return {**{f.name: hints[f.name] for f in fields(cls) if f.name != "arch"}, **setting_types()}
 
 
 @dataclass(frozen=True)
@@ -126,7 +149,7 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (JSON-ready)."""
-        return asdict(self)
+        return {**asdict(self), "model": self.model.to_dict()}
 
     def flat(self) -> dict[str, Any]:
         """`{"model.name": "dlrm", ...}`: for trackers' params."""
@@ -141,13 +164,15 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "TrainConfig":
         """Inverse of `to_dict`; unknown keys (from newer versions) are ignored."""
-        parts = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig}
+        parts = {"data": DataConfig, "optim": OptimConfig}
         kwargs: dict[str, Any] = {}
         for f in fields(cls):
             if f.name not in raw:
                 continue
             value = raw[f.name]
-            if f.name in parts:
+            if f.name == "model":
+                value = ModelConfig.from_dict(value)
+            elif f.name in parts:
                 value = _build(parts[f.name], value)
             kwargs[f.name] = value
         return cls(**kwargs)
@@ -161,7 +186,6 @@ def _build(cls, raw: dict[str, Any]):
 
 # fields whose values are a few names: config files, flags and checks share these lists
 CHOICES: dict[str, tuple[str, ...]] = {
-    "model.name": MODELS,
     "device": ("auto", "cpu", "cuda"),
     "sharding": ("auto", "table", "row", "column", "data"),
     "embedding": ("auto", "fused", "plain"),
@@ -174,27 +198,17 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
-def small_config(data: str, out: str, model: str = "dlrm") -> TrainConfig:
-    """CPU-sized defaults: 200,000 synthetic rows a day train one epoch in about a minute.
-
-    # 200,000 rows / 2048 per step = 97 steps an epoch; decay over the second half.
-    """
-    return TrainConfig(
-        out=out,
-        data=DataConfig(path=data, batch_size=2048),
-        model=ModelConfig(name=model, embedding_dim=16),
-        optim=OptimConfig(lr=1e-3),
-    )
+def choices_of(key: str) -> tuple[str, ...] | None:
+    """The values dotted field `key` may take, where they are few (`model.name`: the registered models)."""
+    return tuple(MODELS) if key == "model.name" else CHOICES.get(key)
 
 
-def criteo_1tb_config(data: str, out: str, model: str = "dlrm") -> TrainConfig:
-    """The MLPerf Criteo-1TB DLRM shape (the `mlperf-dlrm` preset: dim 128, bottom 13-512-256-128,
-    top 1024-1024-512-256-1) on `data`, written to `out`, as `model`."""
-    from ctrflow.config_file import load_config  # the preset file is the one source of the shape
+def section_types(cls: type) -> dict[str, Any]:
+    """`{field: type hint}` of a config section as files write it (the model section flat)."""
+    if hasattr(cls, "field_types"):
+        return cls.field_types()
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in fields(cls)}
 
-    preset = load_config("mlperf-dlrm")
-    return replace(preset, out=out, data=replace(preset.data, path=data), model=replace(preset.model, name=model))
 
-
-__all__ = ["CHOICES", "MODELS", "DataConfig", "ModelConfig", "OptimConfig", "TrainConfig", "criteo_1tb_config",
-           "small_config"]
+__all__ = ["CHOICES", "DataConfig", "ModelConfig", "OptimConfig", "TrainConfig", "choices_of", "section_types"]
