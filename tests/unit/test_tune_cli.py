@@ -110,3 +110,21 @@ def test_an_exited_unreaped_process_is_not_alive():
     assert not process_alive(child.pid)
     child.wait()
     assert process_alive(os.getpid())
+
+
+def test_a_study_recorded_with_every_models_fields_continues(data, tmp_path):
+    """A study started when `model:` listed every model's fields opens again with today's config."""
+    from ctrflow.tune.space import parse_space
+    from ctrflow.tune.study import SETTINGS_ATTR, StudySettings, open_study
+
+    settings = StudySettings(data=data, base=TrainConfig.from_dict({"model": {"name": "dlrm"}}),
+                             space=parse_space({"lr": {"low": 0.001, "high": 0.01}}, "space"), out=tmp_path)
+    study = open_study(settings, trials=2)
+    old = json.loads(json.dumps(settings.record()))
+    old["base"]["model"].update({"cross_layers": 3, "cross_rank": 0, "deep_mlp": [128, 64]})
+    study.optuna.set_user_attr(SETTINGS_ATTR, old)
+    assert open_study(settings, trials=2).name == study.name
+    old["base"]["model"]["embedding_dim"] = 8  # a real difference is still refused
+    study.optuna.set_user_attr(SETTINGS_ATTR, old)
+    with pytest.raises(Exception, match="another base"):
+        open_study(settings, trials=2)

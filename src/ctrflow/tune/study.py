@@ -86,7 +86,7 @@ def open_study(settings: StudySettings, storage: str | None = None, name: str = 
     study = optuna.create_study(storage=backend, study_name=name, direction=DIRECTIONS[settings.metric],
                                 sampler=_sampler(sampler, settings.base.seed + done, trials),
                                 pruner=_pruner(pruner, trials, settings), load_if_exists=True)
-    recorded = study.user_attrs.get(SETTINGS_ATTR)
+    recorded = _current(study.user_attrs.get(SETTINGS_ATTR))
     wanted = settings.record()
     if recorded is None:
         study.set_user_attr(SETTINGS_ATTR, wanted)
@@ -95,6 +95,16 @@ def open_study(settings: StudySettings, storage: str | None = None, name: str = 
         raise UserError(f"study {name!r} in {url} was started with another {' and '.join(what)}; "
                         f"continue it with the same settings, or give another --study or --out")
     return Study(study, backend, settings, name, url)
+
+
+def _current(recorded: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A recorded study's settings with its base config read as today's config reads it: a study
+    recorded by an older ctrflow (every model's fields in `model:`) continues."""
+    if recorded is None or "base" not in recorded:
+        return recorded
+    base = TrainConfig.from_dict(recorded["base"]).to_dict()
+    kept = {k: v for k, v in base.items() if k in recorded["base"]}
+    return {**recorded, "base": json.loads(json.dumps(kept))}
 
 
 def _storage(url: str):
