@@ -15,6 +15,8 @@ class DCNv2(RankingModel):
     """dense arch [B, D] and embeddings [B, T, D] flattened to x0 [B, (T + 1) D] (T D without dense
     features); cross layers, then the deep MLP -> logits [B]."""
 
+    head_is_one_graph = True
+
     def __init__(self, features: Features, embedding_dim: int = 16, bottom_mlp: Sequence[int] = (64, 32),
                  deep_mlp: Sequence[int] = (128, 64), cross_layers: int = 3, cross_rank: int = 32, seed: int = 0,
                  dropout: float = 0.0, embedding_init_scale: float = EMBEDDING_INIT_SCALE):
