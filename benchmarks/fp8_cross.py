@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python3 benchmarks/fp8_cross.py [--sweep]
 
-1. Each row kernel of `ctrflow.train.fp8_cross` (and `fp8_wgrad`'s dh pass) against its bytes (P = one
+1. Each row kernel of `ctrflow.accel.fp8.cross` (and `fp8_wgrad`'s dh pass) against its bytes (P = one
    bf16 pass over [M, N]), with torch's device copy (2 P) as the bandwidth reference; `--sweep` also
    times other launch shapes.
 2. The cross net's forward + backward: `Fp8CrossNet` against the same `Fp8Linear` layers compiled by
@@ -19,9 +19,10 @@ import json
 import torch
 
 from ctrflow.models.layers import LowRankCrossNet
-from ctrflow.train import fp8_cross as C
-from ctrflow.train import fp8_wgrad as W
-from ctrflow.train.fp8 import E4M3, E5M2, apply_fp8
+from ctrflow.accel.fp8 import cross as C
+from ctrflow.accel.fp8 import wgrad as W
+from ctrflow.accel.fp8.apply import apply_fp8
+from ctrflow.accel.fp8.linear import E4M3, E5M2
 from cuda_timing import median_ms
 
 SHAPES = [(4096, 4), (8192, 8), (8192, 16)]  # (tile, warps): LAUNCH settings tried by --sweep

@@ -4,7 +4,7 @@
 
 For each (K, N) of the cross layers and the deep MLP's first layers: TFLOP/s of the bf16 product
 (x [M, K] @ W^T), of `torch._scaled_mm` with row scales and with one scale per tensor (fp32
-accumulation; fast accumulation too), `ctrflow.train.fp8_product`'s Triton kernel where it applies
+accumulation; fast accumulation too), `ctrflow.accel.fp8.product`'s Triton kernel where it applies
 (K <= 512, fast accumulation; with its ratio to cuBLAS's), and the eager cost of quantizing x. Prints one
 JSON line.
 """
@@ -15,8 +15,8 @@ import json
 
 import torch
 
-from ctrflow.train import fp8_product
-from ctrflow.train.fp8 import E4M3, quantize_rows, quantize_tensor
+from ctrflow.accel.fp8 import product as fp8_product
+from ctrflow.accel.fp8.linear import E4M3, quantize_rows, quantize_tensor
 
 SHAPES = [(3456, 512), (512, 3456), (3456, 1024), (1024, 1024), (1024, 512)]
 

@@ -22,7 +22,7 @@ import json
 import torch
 import triton
 
-from ctrflow.embedding.fused import interaction as fi
+from ctrflow.accel import interaction as fi
 from cuda_timing import median_ms
 
 # sharded_scale's 4-GPU plan: rank -> the (0-based) features it holds whole; the other 18 replicated

@@ -16,9 +16,9 @@ bottom MLP runs under the all-to-all) and DLRM's interaction reading the exchang
 slower on 4 H200s); each step also routes the next step's ids (`--route-ahead`) and sorts its rows for
 the update and zeroes the replicas' sums in forward (`--work-ahead`; under `--graph` that work, the
 replicas' sums and all-reduce and the tables' update run on a side stream beside the dense layers:
-`--beside`); `--graph` is what `ctrflow train` runs under torchrun: no DDP, the step averages the dense gradients (`ctrflow.train.dense_average.DenseAverage`,
+`--beside`); `--graph` is what `ctrflow train` runs under torchrun: no DDP, the step averages the dense gradients (`ctrflow.accel.dense_average.DenseAverage`,
 on a communicator of its own unless `--dense-comm shared`) and is replayed as one CUDA graph
-(`ctrflow.train.graphs.GraphedStep`); `--profile DIR` writes per-kernel GPU times of
+(`ctrflow.accel.graphs.GraphedStep`); `--profile DIR` writes per-kernel GPU times of
 graph replays and the ATen ops (with shapes) of one eager step. `plain`: `ShardedEmbeddingCollection`
 with sparse gradients and `SparseOptimizer`. Tables are initialised on their devices shard by shard, so no host ever holds a
 whole table. A plan that does not fit the GPUs' free memory is reported (`"fits": false`) instead
@@ -46,9 +46,10 @@ from ctrflow.embedding.sharded import ShardedEmbeddingCollection
 from ctrflow.embedding.tables import tables_for
 from ctrflow.errors import UserError
 from ctrflow.models import build_model
-from ctrflow.train.build import RunPlan, build
+from ctrflow.accel.accelerate import accelerate
+from ctrflow.accel.plan import RunPlan
 from ctrflow.train.distributed import close_runtime, init_runtime
-from ctrflow.train.graphs import GraphedStep
+from ctrflow.accel.graphs import GraphedStep
 from ctrflow.train.loop import train_step
 from ctrflow.train.optim import Optimizers
 from ctrflow.features import Features
@@ -111,7 +112,7 @@ FUSED_RULES = {"sgd": "sgd", "adagrad": "rowwise_adagrad", "adam": "adam", "lazy
 
 
 def build_run(args, runtime, tables, plan):
-    """The DLRM with sharded tables on this process's device, built by `ctrflow.train.build.build` (dense
+    """The DLRM with sharded tables on this process's device, built by `ctrflow.accel.accelerate.accelerate` (dense
     part under DDP, or without `DenseAverage` under `--graph`), its optimizers and step."""
     model = build_model("dlrm", Features.categorical([2] * len(SPARSE), 13), args.dim, seed=args.seed,
                         bottom_mlp=(512, 256), top_mlp=(1024, 1024, 512, 256))
@@ -128,7 +129,7 @@ def build_run(args, runtime, tables, plan):
         init = device_init(args.seed)
         model.embeddings = ShardedEmbeddingCollection(
             tables, plan, lambda t, i, s: init(t, i, s, runtime.device), group, runtime.device, check=False)
-    built = build(model, run_plan(args, runtime, plan), runtime)
+    built = accelerate(model, run_plan(args, runtime, plan), runtime)
     args.in_place = built.changes["exchange_in_place"]
     dense = [p for n, p in model.named_parameters() if not n.startswith("embeddings.")]
     sparse = None if fused else SparseOptimizer(model, args.optimizer, lr=args.lr)  # fused: the tables step themselves

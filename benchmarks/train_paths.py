@@ -3,17 +3,17 @@
 A path is named `kind[:option...]`: kind is naive | fused | fused-eager (no graph) | fused-compile
 (graph + each dense module torch.compile'd) | fused-compile-head (graph + the model's whole `head`,
 everything after the lookup, compiled as one graph; DCNv2) | loop (what `ctrflow train` runs on one
-GPU: its run plan and build step (`ctrflow.train.build`), the loop's own `train_step` under
-`ctrflow.train.graphs.GraphedStep`, the loop's optimizers; dense Adam: DCNv2's, for DLRM `ctrflow train`'s default lr
+GPU: its run plan and `accelerate` (`ctrflow.accel`), the loop's own `train_step` under
+`ctrflow.accel.graphs.GraphedStep`, the loop's optimizers; dense Adam: DCNv2's, for DLRM `ctrflow train`'s default lr
 1e-3 with the tables' SGD of the other paths) | plain (fp32 `EmbeddingCollection`,
 torch optimizers: the quality reference). Options: `fp8` (what `ctrflow train --precision fp8` does:
-`ctrflow.train.fp8.apply_fp8`'s defaults: both products of every Linear >= 512 wide in fp8, row
+`ctrflow.accel.fp8.apply.apply_fp8`'s defaults: both products of every Linear >= 512 wide in fp8, row
 scales, e5m2 gradients, fast accumulation), `fp8w` (only the products whose quantized operand is
 the narrow side), `fp8t` (one scale per tensor), `fp32acc` (fp32 accumulation), `e4m3g` (e4m3
 gradients), `foreach` (torch's multi-tensor Adam instead of the fused one), `noalign` (with `loop`: the
 13 dense inputs not padded), `unfused` (with an fp8
 option: DCNv2's cross layers stay `Fp8Linear` by `Fp8Linear` under inductor instead
-of `ctrflow.train.fp8_cross.Fp8CrossNet`'s row kernels; same numbers up to bf16 roundings, so no AUC
+of `ctrflow.accel.fp8.cross.Fp8CrossNet`'s row kernels; same numbers up to bf16 roundings, so no AUC
 check of its own), `noabsorb` (with `fp8`: the deep MLP's first Linear stays its own `Fp8Linear` in the
 compiled graph instead of `Fp8CrossNet.absorb`ing it), `nocompile` (with `loop`: `ctrflow train
 --compile off`: no compiled head (DCNv2) or dense parts (DLRM)), `bf16tab` (the fused tables stored in
@@ -37,10 +37,11 @@ from ctrflow.embedding.fused import FusedEmbeddingCollection
 from ctrflow.embedding.fused.reference import RowwiseAdagrad
 from ctrflow.embedding.tables import tables_for
 from ctrflow.models import build_model
-from ctrflow.train.build import Fp8Plan, RunPlan, build, plan_run
+from ctrflow.accel.accelerate import accelerate
+from ctrflow.accel.plan import Fp8Plan, RunPlan, plan_run
 from ctrflow.train.distributed import Runtime
-from ctrflow.train.fused import FusedTables
-from ctrflow.train.graphs import GraphedStep
+from ctrflow.accel.fused import FusedTables
+from ctrflow.accel.graphs import GraphedStep
 from ctrflow.train.loop import train_step
 from ctrflow.train.optim import build_optimizers
 from ctrflow.features import Features
@@ -136,7 +137,7 @@ def build_path(name: str, args, sizes: list[int], device: torch.device, optim: t
 
 
 def build_loop_path(args, arch: dict, sizes: list[int], device: torch.device, optim: tuple, options: set[str]):
-    """(model, step) as `ctrflow train` builds them on one GPU: its run plan (`ctrflow.train.build.plan_run`)
+    """(model, step) as `ctrflow train` builds them on one GPU: its run plan (`ctrflow.accel.plan.plan_run`)
     and build step, its optimizers and graphed step (tables drawn on the device, as the benchmark's other
     fused paths: `apply_fused` would first build 96 GB of plain tables on the host)."""
     if device.type != "cuda":
@@ -152,7 +153,7 @@ def build_loop_path(args, arch: dict, sizes: list[int], device: torch.device, op
     plan = plan_run(config, runtime, model)
     align = plan.align_linear and "noalign" not in options and not args.no_align
     plan = replace(plan, fp8=fp8_plan(args, options), align_linear=align, compile_mode=args.compile_mode)
-    built = build(model, plan, runtime)
+    built = accelerate(model, plan, runtime)
     optimizers = build_optimizers(model, cfg, FusedTables(built.fused, sparse))
     if "foreach" in options:  # torch's multi-tensor Adam: one launch per group of tensors
         for group in optimizers.dense.param_groups:
@@ -198,7 +199,7 @@ def fast_tables(args, sizes: list[int], device: torch.device, optim: tuple,
 
 
 def fp8_plan(args, options: set[str]) -> Fp8Plan | None:
-    """The fp8 options a path names (module doc), as `build` takes them."""
+    """The fp8 options a path names (module doc), as `accelerate` takes them."""
     if not options & FP8:
         return None
     return Fp8Plan(min_features=16 if args.small else 512, rule="widening" if "fp8w" in options else "all",
@@ -209,7 +210,7 @@ def fp8_plan(args, options: set[str]) -> Fp8Plan | None:
 
 def make_fast(model: nn.Module, args, sizes: list[int], device: torch.device, optim: tuple,
               compile_scope: str, options: set[str] = frozenset()) -> None:
-    """The fast path through `ctrflow.train.build.build`, each rewrite computing the same function: fused
+    """The fast path through `ctrflow.accel.accelerate.accelerate`, each rewrite computing the same function: fused
     tables (`fast_tables`), fused dot interaction, tensor-core-aligned Linear inputs, fp8 Linear layers if
     `options` ask, and optionally torch.compile'd dense parts (`compile_scope` "parts": each dense module
     apart; "head": the model's `head` method as one graph)."""
@@ -217,7 +218,7 @@ def make_fast(model: nn.Module, args, sizes: list[int], device: torch.device, op
     plan = RunPlan(device=str(device), embedding="fused", autocast="bf16" if device.type == "cuda" else "fp32",
                    fp8=fp8_plan(args, options), align_linear=not args.no_align, compile=compile_scope or "off",
                    compile_mode=args.compile_mode)
-    build(model, plan, Runtime(0, 1, device.index or 0, device))
+    accelerate(model, plan, Runtime(0, 1, device.index or 0, device))
 
 
 def capture_step(step, device: torch.device):

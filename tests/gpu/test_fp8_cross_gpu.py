@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from ctrflow.models.layers import LowRankCrossNet
-from ctrflow.train.fp8 import E4M3, E5M2, apply_fp8, quantize_rows
-from ctrflow.train.fp8_cross import Fp8CrossNet, cross_dx0, cross_forward, dx0_reference, forward_reference, quantize
-from ctrflow.train.fp8_product import scaled_product, suits
-from ctrflow.train.fp8_wgrad import (cross_dh_tiles, dh_bounds, dh_tiles_reference, row_amax, transposed,
+from ctrflow.accel.fp8.apply import apply_fp8
+from ctrflow.accel.fp8.linear import E4M3, E5M2, quantize_rows
+from ctrflow.accel.fp8.cross import Fp8CrossNet, cross_dx0, cross_forward, dx0_reference, forward_reference, quantize
+from ctrflow.accel.fp8.product import scaled_product, suits
+from ctrflow.accel.fp8.wgrad import (cross_dh_tiles, dh_bounds, dh_tiles_reference, row_amax, transposed,
                                      up_weight_grad)
 
 pytestmark = pytest.mark.gpu

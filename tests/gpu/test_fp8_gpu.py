@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctrflow.models import build_model
-from ctrflow.train.fp8 import E4M3, E5M2, Fp8Linear, apply_fp8
+from ctrflow.accel.fp8.apply import apply_fp8
+from ctrflow.accel.fp8.linear import E4M3, E5M2, Fp8Linear
 from ctrflow.features import Features
 
 pytestmark = pytest.mark.gpu

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from ctrflow.embedding.fused.dense import align_linear_inputs
-from ctrflow.embedding.fused.interaction import FusedDotInteraction
+from ctrflow.accel.dense import align_linear_inputs
+from ctrflow.accel.interaction import FusedDotInteraction
 from ctrflow.models.layers import MLP, DotInteraction
 
 pytestmark = pytest.mark.gpu

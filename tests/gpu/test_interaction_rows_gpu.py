@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ctrflow.embedding.fused.interaction import FusedDotInteraction
+from ctrflow.accel.interaction import FusedDotInteraction
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")

@@ -11,9 +11,10 @@ from ctrflow.config import TrainConfig
 from ctrflow.errors import UserError
 from ctrflow.models import build_model
 from ctrflow.train.distributed import Runtime
-from ctrflow.train.fp8 import Fp8Linear, apply_fp8, quantize_rows
-from ctrflow.train.fused import autocast_dtype
-from ctrflow.train.graphs import compile_dense, use_compile
+from ctrflow.accel.fp8.apply import apply_fp8
+from ctrflow.accel.fp8.linear import Fp8Linear, quantize_rows
+from ctrflow.accel.plan import autocast_dtype
+from ctrflow.accel.dense import compile_dense, use_compile
 from ctrflow.features import Features
 
 

@@ -10,8 +10,9 @@ import torch
 
 from ctrflow.models import build_model
 from ctrflow.models.layers import LowRankCrossNet
-from ctrflow.train.fp8 import E5M2, Fp8Linear, apply_fp8
-from ctrflow.train.fp8_cross import AbsorbedFp8Linear, Fp8CrossNet, dx0_reference
+from ctrflow.accel.fp8.apply import apply_fp8
+from ctrflow.accel.fp8.linear import E5M2, Fp8Linear
+from ctrflow.accel.fp8.cross import AbsorbedFp8Linear, Fp8CrossNet, dx0_reference
 from ctrflow.features import Features
 
 

@@ -1,12 +1,12 @@
-"""The fp8 up-layer weight gradient's algebra (`ctrflow.train.fp8_wgrad`) in its torch form (the CPU's):
+"""The fp8 up-layer weight gradient's algebra (`ctrflow.accel.fp8.wgrad`) in its torch form (the CPU's):
 row bounds that never saturate, batch-major copies, and a gradient as close to the exact one as fp8 allows."""
 
 from __future__ import annotations
 
 import torch
 
-from ctrflow.train.fp8 import E4M3, E5M2, quantize_rows
-from ctrflow.train.fp8_wgrad import cross_dh_tiles, dh_bounds, row_amax, transposed, up_weight_grad
+from ctrflow.accel.fp8.linear import E4M3, E5M2, quantize_rows
+from ctrflow.accel.fp8.wgrad import cross_dh_tiles, dh_bounds, row_amax, transposed, up_weight_grad
 
 
 def spread_rows(m: int, n: int, seed: int) -> torch.Tensor:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ctrflow.embedding.fused.dense import align_linear_inputs
-from ctrflow.embedding.fused.interaction import FusedDotInteraction
+from ctrflow.accel.dense import align_linear_inputs
+from ctrflow.accel.interaction import FusedDotInteraction
 from ctrflow.models import build_model
 from ctrflow.models.layers import DotInteraction
 from ctrflow.features import Features

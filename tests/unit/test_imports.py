@@ -23,7 +23,7 @@ INFERENCE = ("ctrflow.serve", "ctrflow.predict", "ctrflow.registry", "ctrflow.pr
              "ctrflow.export", "ctrflow.evaluate",
              "ctrflow.checkpoint")
 SHARDING = ("ctrflow.embedding.sharded", "ctrflow.embedding.comm", "ctrflow.embedding.plan",
-            "ctrflow.embedding.parallelize")
+            "ctrflow.accel.parallelize")
 DEVICES = ("torch.distributed", "torch.cuda", "triton")
 
 
@@ -124,7 +124,7 @@ def test_inference_code_never_imports_training():
 
 
 def test_models_know_nothing_of_training_sharding_devices_or_datasets():
-    assert offenders(("ctrflow.models",), ("ctrflow.train", "ctrflow.datasets", "ctrflow.loaders",
+    assert offenders(("ctrflow.models",), ("ctrflow.train", "ctrflow.accel", "ctrflow.datasets", "ctrflow.loaders",
                                            *SHARDING, *DEVICES)) == []
 
 

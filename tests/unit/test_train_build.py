@@ -1,7 +1,7 @@
-"""The build step (`ctrflow.train.build`): every `auto` resolved into a run plan (also for GPUs and N
-processes, decided here without either), the rewrites applied in one order over the same parameters,
-and the resolved plan recorded where a user finds it: the checkpoint's config.json and meta.json and
-the tracker's params, never the literal "auto"."""
+"""The run plan and `accelerate` (`ctrflow.accel.plan`, `.accelerate`): every `auto` resolved into a
+run plan (also for GPUs and N processes, decided here without either), the rewrites applied in one
+order over the same parameters, and the resolved plan recorded where a user finds it: the checkpoint's
+config.json and meta.json and the tracker's params, never the literal "auto"."""
 
 from __future__ import annotations
 
@@ -15,15 +15,16 @@ from ctrflow.cli import main
 from ctrflow.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
 from ctrflow.embedding.collection import deferred_tables
 from ctrflow.embedding.fused import FusedEmbeddingCollection
-from ctrflow.embedding.fused.dense import AlignedLinear
-from ctrflow.embedding.fused.interaction import FusedDotInteraction
+from ctrflow.accel.dense import AlignedLinear
+from ctrflow.accel.interaction import FusedDotInteraction
 from ctrflow.checkpoint import load_model, resolve_checkpoint
 from ctrflow.features import Features
 from ctrflow.models import build_model
 from ctrflow.tracking import Tracker
-from ctrflow.train.build import Fp8Plan, RunPlan, build, plan_run
+from ctrflow.accel.accelerate import accelerate
+from ctrflow.accel.plan import Fp8Plan, RunPlan, plan_run
 from ctrflow.train.distributed import Runtime
-from ctrflow.train.fp8_cross import AbsorbedFp8Linear, Fp8CrossNet
+from ctrflow.accel.fp8.cross import AbsorbedFp8Linear, Fp8CrossNet
 from ctrflow.train.loop import train
 from tests.fixtures.training import write_processed
 
@@ -141,7 +142,7 @@ def test_build_applies_every_rewrite_over_the_same_parameters():
     dense_before = {name: p for name, p in model.named_parameters() if not name.startswith("embeddings.")}
     plan = RunPlan(embedding="fused", fp8=Fp8Plan(), align_linear=True, compile="head",
                    optim=OptimConfig(sparse="adagrad"))
-    built = build(model, plan, CPU)
+    built = accelerate(model, plan, CPU)
     assert built.model is model and list(built.fused) == ["embeddings"]
     assert isinstance(model.embeddings, FusedEmbeddingCollection)
     assert type(model.interaction) is Fp8CrossNet and type(model.over_arch[0]) is AbsorbedFp8Linear
@@ -157,6 +158,6 @@ def test_build_leaves_tables_a_caller_made_and_swaps_dlrm_s_interaction():
     model = build_model("dlrm", FEATURES, 16, bottom_mlp=(8,), top_mlp=(8,))
     own = FusedEmbeddingCollection(model.embeddings.tables, seed=3)  # e.g. a benchmark's, drawn on its device
     model.embeddings = own
-    built = build(model, dataclasses.replace(RunPlan(), embedding="fused"), CPU)
+    built = accelerate(model, dataclasses.replace(RunPlan(), embedding="fused"), CPU)
     assert model.embeddings is own and built.fused == {"embeddings": own}
     assert type(model.interaction) is FusedDotInteraction

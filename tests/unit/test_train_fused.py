@@ -13,7 +13,7 @@ from ctrflow.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
 from ctrflow.embedding.fused import FusedEmbeddingCollection
 from ctrflow.errors import UserError
 from ctrflow.models import build_model
-from ctrflow.train import fused as fused_path
+from ctrflow.accel import fused as fused_path
 from ctrflow.checkpoint import load_model, resolve_checkpoint
 from ctrflow.checkpoint.tables import read_model_state, read_optimizer_state
 from ctrflow.train.distributed import Runtime

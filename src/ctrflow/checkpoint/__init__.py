@@ -152,7 +152,7 @@ def save_checkpoint(out: str | Path, model: nn.Module, optimizers: Optimizers, p
     it; returns the step directory.
 
     `position` is {"step", "epoch", "batch"}: the next step resumes at global batch `batch` of
-    `epoch`. `run`: the run's record (`ctrflow.train.build.run_record`): its `resolved` config and
+    `epoch`. `run`: the run's record (`ctrflow.accel.plan.run_record`): its `resolved` config and
     `plan` go into `meta.json` beside the `config` asked for. Every process calls this (tables may be
     gathered); rank 0 writes.
     """

@@ -143,7 +143,7 @@ class TrainConfig:
     embedding: str = "auto"  # auto (fused on CUDA, each rank's shards under torchrun) | fused | plain
     precision: str = "auto"  # dense part: auto (bf16 autocast on CUDA, fp32 elsewhere) | fp32 | bf16
     # | fp8 (bf16 autocast + the Linear layers >= 512 wide in fp8: CUDA compute capability 8.9+)
-    cuda_graphs: str = "auto"  # auto (the step as one CUDA graph where capturable: ctrflow.train.graphs) | off
+    cuda_graphs: str = "auto"  # auto (the step as one CUDA graph where capturable: ctrflow.accel.graphs) | off
     compile: str = "auto"  # auto (torch.compile the dense head, DCNv2, on CUDA with fused tables) | off
     progress: bool = True  # tqdm bar when stderr is a terminal
 

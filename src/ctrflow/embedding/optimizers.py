@@ -192,3 +192,12 @@ def _rows_and_values(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         g = grad.coalesce()  # dedups ids: segment-sum of the duplicate rows
         return g.indices()[0], g.values()
     return torch.arange(grad.shape[0], device=grad.device), grad
+
+
+def sparse_memory(cfg):
+    """Bytes one table costs with its optimizer state (what the sharding planner packs), for an
+    `OptimConfig` `cfg` (its `sparse` kind and `large_table_rows`)."""
+    def memory_of(table) -> int:
+        return state_bytes(table, choose_kind(table, cfg.sparse, cfg.large_table_rows))
+
+    return memory_of

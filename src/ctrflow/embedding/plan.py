@@ -1,7 +1,7 @@
 """Sharding plans: which rank holds which rows and columns of every table.
 
 A plan is data computed outside the model (by `plan_sharding`, from table sizes and per-rank memory,
-or read from a JSON file) and applied afterwards by `ctrflow.embedding.parallelize`.
+or read from a JSON file) and applied afterwards by `ctrflow.accel.parallelize`.
 Sharding types, per table:
 - `table`:  the whole table on one rank;
 - `row`:    contiguous row ranges, one per rank;

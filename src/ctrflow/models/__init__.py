@@ -74,6 +74,17 @@ def embedding_collections(model: nn.Module) -> dict[str, nn.Module]:
     return found
 
 
+def split_parameters(model: nn.Module) -> tuple[list[nn.Parameter], dict[str, nn.Parameter]]:
+    """(dense parameters, embedding-table parameters by `"<collection path>.<table name>"`)."""
+    tables: dict[str, nn.Parameter] = {}
+    for path, collection in embedding_collections(model).items():
+        for name, param in collection.weights.items():
+            tables[f"{path}.{name}"] = param
+    table_ids = {id(p) for p in tables.values()}
+    dense = [p for p in model.parameters() if id(p) not in table_ids]
+    return dense, tables
+
+
 def replace_module(model: nn.Module, path: str, new: nn.Module) -> None:
     """Put `new` where the submodule at dotted `path` was (e.g. a sharded collection)."""
     parent_path, _, leaf = path.rpartition(".")
@@ -82,4 +93,4 @@ def replace_module(model: nn.Module, path: str, new: nn.Module) -> None:
 
 
 __all__ = ["DCNv2", "DLRM", "DeepFM", "MODELS", "ModelSpec", "RankingModel", "WideDeep", "build_model",
-           "embedding_collections", "register", "replace_module", "spec_of"]
+           "embedding_collections", "register", "replace_module", "spec_of", "split_parameters"]

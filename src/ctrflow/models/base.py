@@ -46,6 +46,9 @@ class RankingModel(nn.Module):
     # True where the embeddings reach the output only through products of each other (DLRM without dense
     # features): near zero their gradients vanish with them, and the embedding L2 would hold them there
     products_only: bool = False
+    # True where everything after the lookup (`head`) is best made one compiled graph: DCNv2's
+    # concatenation, cross layers and deep MLP fuse; DLRM's interaction has kernels of its own
+    head_is_one_graph: bool = False
 
     def __init__(self, features: Features, embedding_dim: int, seed: int = 0,
                  embedding_init_scale: float = EMBEDDING_INIT_SCALE):

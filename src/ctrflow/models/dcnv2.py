@@ -27,6 +27,8 @@ class DCNv2(RankingModel):
     """dense arch [B, D] and embeddings [B, T, D] flattened to x0 [B, (T + 1) D] (T D without dense
     features); cross layers, then the deep MLP -> logits [B]."""
 
+    head_is_one_graph = True
+
     def __init__(self, features: Features, embedding_dim: int, settings: DCNv2Config, seed: int = 0,
                  dropout: float = 0.0, embedding_init_scale: float = EMBEDDING_INIT_SCALE):
         super().__init__(features, embedding_dim, seed, embedding_init_scale)

@@ -1,4 +1,4 @@
-"""One code path for 1 and N processes: rank/world read once, `print0`, the parallelize step.
+"""One code path for 1 and N processes: rank/world read once, `print0`, collectives on host values.
 
 Under `torchrun` the environment has RANK, WORLD_SIZE and LOCAL_RANK; alone it has none and
 this is process 0 of 1, with no process group.
@@ -8,17 +8,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from ctrflow.errors import UserError
-
-if TYPE_CHECKING:
-    from ctrflow.embedding.plan import ShardingPlan
 
 
 @dataclass(frozen=True)
@@ -77,28 +72,6 @@ def print0(*args, **kwargs) -> None:
     """`print` on rank 0 only."""
     if int(os.environ.get("RANK", 0)) == 0:
         print(*args, **kwargs, flush=True)
-
-
-def parallelize(model: nn.Module, runtime: Runtime, plan: ShardingPlan | None = None, fused: dict | None = None,
-                data_parallel: bool = True) -> nn.Module:
-    """Hybrid parallelism, in place: for N processes the embedding tables are sharded by `plan`
-    (`ctrflow.train.build.plan_run` makes it) and, with `data_parallel`, the dense part runs under
-    DDP; for one process the model only moves to the device. Every process calls this (collective).
-    `fused`: the fused sharded collections' options (`ctrflow.train.fused.sharded_options`).
-    `data_parallel=False`: no DDP; the step averages the dense gradients itself (`DenseAverage`)."""
-    if not runtime.distributed:
-        return model.to(runtime.device)
-    from ctrflow.embedding.parallelize import apply_embedding_sharding
-    from ctrflow.embedding.parallelize import parallelize as shard_and_replicate
-
-    if plan is None:
-        raise ValueError("parallelize: N processes need a sharding plan")
-    # fused tables skip the per-step id check (a host sync), as in one process: the loader checked the ids
-    if data_parallel:
-        return shard_and_replicate(model, plan, runtime.device, check_ids=fused is None, fused=fused)
-    group = dist.new_group(list(range(runtime.world_size)))  # embedding traffic on its own communicator
-    apply_embedding_sharding(model, plan, group, runtime.device, check_ids=fused is None, fused=fused)
-    return model.to(runtime.device)
 
 
 def barrier(runtime: Runtime) -> None:

@@ -1,6 +1,6 @@
 """The training loop: one code path for one process (CPU or GPU) and, under torchrun, N.
 
-Order of a run: runtime -> data -> model -> run plan and build (`ctrflow.train.build`: every choice
+Order of a run: runtime -> data -> model -> run plan and acceleration (`ctrflow.accel`: every choice
 resolved, every rewrite applied) -> optimizers -> (resume, or warm start: `ctrflow.train.warm_start`)
 -> steps, with
 reports every `log_every` steps, validation every `eval_every` and at each epoch's end,
@@ -30,22 +30,24 @@ from ctrflow.loaders.scan import ScanLoader
 from ctrflow.loaders.stream import StreamLoader, choose_loader
 from ctrflow.loaders.stream_plan import ParquetIndex
 from ctrflow.embedding.collection import deferred_tables
+from ctrflow.embedding.optimizers import sparse_memory
 from ctrflow.embedding.fused.sharded import FusedShardedEmbeddingCollection
-from ctrflow.embedding.fused.sharded_model import forward_in_chunks
+from ctrflow.accel.exchange import forward_in_chunks
 from ctrflow.errors import UserError
 from ctrflow.models import build_model
 from ctrflow.tracking import NullTracker, Tracker
 from ctrflow.tune.report import Reporter
 from ctrflow import checkpoint
 from ctrflow.train.best import BestCheckpoint
-from ctrflow.train.build import Built, RunPlan, build, plan_run, run_record, tracked_params
-from ctrflow.train.dense_average import DenseAverage
+from ctrflow.accel.accelerate import Built, accelerate
+from ctrflow.accel.plan import RunPlan, plan_run, run_record, tracked_params
+from ctrflow.accel.dense_average import DenseAverage
 from ctrflow.train.distributed import Runtime, close_runtime, init_runtime, print0
-from ctrflow.train.fused import FusedTables
-from ctrflow.train.graphs import GraphedStep
+from ctrflow.accel.fused import FusedTables
+from ctrflow.accel.graphs import GraphedStep
 from ctrflow.train.interrupt import StopSignals, checkpoint_stopped
 from ctrflow.train.out_folder import claim_out
-from ctrflow.train.optim import Optimizers, build_optimizers, lr_factor, sparse_memory
+from ctrflow.train.optim import Optimizers, build_optimizers, lr_factor
 from ctrflow.train.progress import ProgressLog, restart_metrics
 from ctrflow.train.validate import validate
 from ctrflow.train.warm_start import warm_start
@@ -131,7 +133,7 @@ def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
 
 def _build(config: TrainConfig, runtime: Runtime, schema: Schema, loader: str) -> tuple[Optimizers, RunPlan, Built]:
     """(optimizers, plan, built): the model built from the schema, its choices resolved and applied
-    (`ctrflow.train.build`: fused tables, sharding, fp8, compile, ...), and its optimizers."""
+    (`ctrflow.accel`: fused tables, sharding, fp8, compile, ...), and its optimizers."""
     m = config.model
     # tables are drawn where they land: into the fused buffer on the device, or shard by shard (MLPerf's ~96 GB)
     with deferred_tables():
@@ -140,7 +142,7 @@ def _build(config: TrainConfig, runtime: Runtime, schema: Schema, loader: str) -
     if schema.label_rate is not None and not (config.resume or config.init_from):  # fresh: the click rate
         model.set_output_bias(schema.label_rate)
     plan = plan_run(config, runtime, model, loader)
-    built = build(model, plan, runtime)
+    built = accelerate(model, plan, runtime)
     plan = replace(plan, exchange_in_place=built.changes["exchange_in_place"])  # what build could apply
     tables = FusedTables(built.fused, config.optim.sparse) if plan.embedding == "fused" else None
     return build_optimizers(built.model, plan.optim, tables), plan, built
@@ -159,7 +161,7 @@ def _announce(s: Session, built: Built) -> None:
     rows = {**s.plan.record(), "rewritten layers": ", ".join(filter(None, done)) or "none"}
     lines = [f"  {key:<24} {value}" for key, value in rows.items()]
     if s.plan.sharding is not None:
-        from ctrflow.embedding.parallelize import model_tables
+        from ctrflow.accel.parallelize import model_tables
 
         lines += ["  sharding plan:", s.plan.sharding.describe(model_tables(s.model), sparse_memory(s.config.optim))]
     print0("ctrflow train: run plan\n" + "\n".join(lines))

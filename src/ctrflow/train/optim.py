@@ -10,11 +10,11 @@ import torch
 from torch import nn
 
 from ctrflow.config import OptimConfig
-from ctrflow.embedding.optimizers import KINDS, SparseOptimizer, choose_kind, state_bytes
-from ctrflow.models import embedding_collections
+from ctrflow.embedding.optimizers import KINDS, SparseOptimizer
+from ctrflow.models import split_parameters
 
 if TYPE_CHECKING:
-    from ctrflow.train.fused import FusedTables
+    from ctrflow.accel.fused import FusedTables
 
 DENSE_OPTIMIZERS = ("adam", "adamw", "sgd")
 SPARSE_OPTIMIZERS = ("auto", *KINDS)
@@ -103,17 +103,6 @@ class Optimizers:
             self.fused.load_state_dict(state["sparse"])
 
 
-def split_parameters(model: nn.Module) -> tuple[list[nn.Parameter], dict[str, nn.Parameter]]:
-    """(dense parameters, embedding-table parameters by `"<collection path>.<table name>"`)."""
-    tables: dict[str, nn.Parameter] = {}
-    for path, collection in embedding_collections(model).items():
-        for name, param in collection.weights.items():
-            tables[f"{path}.{name}"] = param
-    table_ids = {id(p) for p in tables.values()}
-    dense = [p for p in model.parameters() if id(p) not in table_ids]
-    return dense, tables
-
-
 def build_optimizers(model: nn.Module, cfg: OptimConfig, fused: "FusedTables | None" = None) -> Optimizers:
     """The dense and sparse optimizers `cfg` names, over `model`'s parameters (fused tables, which
     have none, step themselves: `fused` carries their learning rate and state)."""
@@ -134,14 +123,6 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig, fused: "FusedTables | N
     sparse = SparseOptimizer(model, cfg.sparse, lr=sparse_lr, large_table_rows=cfg.large_table_rows,
                              l2=cfg.embedding_l2)
     return Optimizers(dense, sparse, list(tables), (cfg.lr, sparse_lr), fused)
-
-
-def sparse_memory(cfg: OptimConfig):
-    """Bytes one table costs with its optimizer state (what the sharding planner packs)."""
-    def memory_of(table) -> int:
-        return state_bytes(table, choose_kind(table, cfg.sparse, cfg.large_table_rows))
-
-    return memory_of
 
 
 def lr_factor(step: int, cfg: OptimConfig, total_steps: int, epoch_steps: int) -> float:

@@ -11,14 +11,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ctrflow.loaders.batch import Batch
-from ctrflow.embedding.fused.interaction import FusedDotInteraction
+from ctrflow.accel.interaction import FusedDotInteraction
 from ctrflow.embedding.fused.sharded import FusedShardedEmbeddingCollection
-from ctrflow.embedding.fused.sharded_model import read_exchange_layout
-from ctrflow.embedding.parallelize import apply_data_parallel
+from ctrflow.accel.exchange import read_exchange_layout
+from ctrflow.accel.parallelize import apply_data_parallel
 from ctrflow.embedding.plan import plan_sharding
 from ctrflow.models import build_model, replace_module
-from ctrflow.train.dense_average import DenseAverage
-from ctrflow.train.fused import FusedTables
+from ctrflow.accel.dense_average import DenseAverage
+from ctrflow.accel.fused import FusedTables
 from ctrflow.train.loop import train_step
 from ctrflow.train.optim import Optimizers
 from ctrflow.features import Features

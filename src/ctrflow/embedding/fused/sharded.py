@@ -20,7 +20,7 @@ DDP's all-reduce); `flush()` also runs before the next lookup (that half: `shard
 gradients still make ONE update; `next_ids`: the next step's ids all-to-all runs during this one;
 `work_ahead`: the update's sorts and the replicas' zeroed sums are done in forward, while the
 exchange travels), and `raw_output` hands the exchange buffer itself to a reader that knows
-`exchange_rows()` (`sharded_model.py`: DLRM's fused interaction; one-hot collections only).
+`exchange_rows()` (`ctrflow.accel.exchange`: DLRM's fused interaction; one-hot collections only).
 """
 
 from __future__ import annotations

@@ -4,16 +4,15 @@ One process on a CUDA GPU (with Triton) trains its embedding collections as
 `FusedEmbeddingCollection`s, which apply their own optimizer step in backward, so the loop builds
 no sparse optimizer for them; DLRM's interaction becomes `FusedDotInteraction`. Under torchrun
 each rank holds its shards in a `FusedShardedEmbeddingCollection` (the same kernels behind the
-all-to-all; `parallelize(..., fused=sharded_options(...))`). `ctrflow.train.build` decides and
-applies both; the swaps act on the model's typed parts (`embeddings`, `linear_embeddings`,
-`interaction`). The swap keeps the
-tables' names and values, so checkpoints hold whole tables and optimizer state in the plain
+all-to-all; `parallelize(..., fused=sharded_options(...))`). `ctrflow.accel.plan` decides and
+`ctrflow.accel.accelerate` applies both; the swaps act on the model's named parts (`embeddings`,
+`linear_embeddings`, `interaction`). The swap keeps the tables' names and values, so checkpoints hold whole tables and optimizer state in the plain
 `SparseOptimizer`'s format, and load on any path (CPU, fused, N processes).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -21,13 +20,14 @@ from torch import nn
 from ctrflow.config import OptimConfig, TrainConfig
 from ctrflow.embedding.collection import EmbeddingCollection
 from ctrflow.embedding.fused import FusedEmbeddingCollection, ops
-from ctrflow.embedding.fused.interaction import FusedDotInteraction
+from ctrflow.accel.interaction import FusedDotInteraction
 from ctrflow.embedding.fused.sharded import FusedShardedEmbeddingCollection
 from ctrflow.errors import UserError
-from ctrflow.models import RankingModel
 from ctrflow.models.layers import DotInteraction
-from ctrflow.train.distributed import Runtime
-from ctrflow.train.fp8 import check_fp8_device
+
+if TYPE_CHECKING:
+    from ctrflow.models import RankingModel
+    from ctrflow.train.distributed import Runtime
 
 # plain --sparse-optimizer -> (fused kernel's rule, the plain kind whose state format it shares);
 # "auto" on the fused path is LazyAdam for every table (the fused Adam touches only seen rows)
@@ -92,19 +92,6 @@ def fused_collections(model: RankingModel) -> dict[str, nn.Module]:
     sharded or not), by attribute name."""
     parts = {"embeddings": model.embeddings, "linear_embeddings": model.linear_embeddings}
     return {path: coll for path, coll in parts.items() if isinstance(coll, FUSED_COLLECTIONS)}
-
-
-def autocast_dtype(config: TrainConfig, runtime: Runtime) -> torch.dtype | None:
-    """The dense part's autocast dtype: `--precision auto` is bf16 on CUDA, fp32 (None) elsewhere;
-    `fp8` is bf16 autocast with the large Linear products in fp8 (`ctrflow.train.fp8.apply_fp8`,
-    which the caller applies), refused with a UserError off a CUDA GPU of compute capability 8.9+."""
-    if config.precision == "fp32" or (config.precision == "auto" and runtime.device.type != "cuda"):
-        return None
-    if config.precision not in ("auto", "bf16", "fp8"):
-        raise UserError(f"--precision must be auto, fp32, bf16 or fp8, got {config.precision!r}")
-    if config.precision == "fp8":
-        check_fp8_device(runtime.device)
-    return torch.bfloat16
 
 
 def apply_fused(model: RankingModel, cfg: OptimConfig, device: torch.device,

@@ -1,11 +1,11 @@
 """`Fp8CrossNet`: DCNv2's cross layers in fp8 with their elementwise work in hand-written row kernels.
 
 x_{l+1} = x0 * h_l + x_l, h_l = U_l (V_l x_l) + b_l on [M, N] rows (N = 3456, rank r = 512 for MLPerf).
-Under `apply_fp8` every product of a layer is fp8 (`ctrflow.train.fp8`), and each product's wide operand
+Under `apply_fp8` every product of a layer is fp8 (`ctrflow.accel.fp8.linear`), and each product's wide operand
 needs an fp8 copy with row scales. Inductor fuses those quantizations into the row producers as
 looped reductions that read the row two or three times (+1.8 ms per step of 65,536, ~1.2 ms over the
 byte floor: benchmarks/NOTES.md, "DCNv2 on one GPU"). Here one Triton program owns whole rows
-(`fp8_kernels.py`), so each [M, N] tensor is read once per pass (P = one bf16 pass over [M, N]):
+(`kernels.py`), so each [M, N] tensor is read once per pass (P = one bf16 pass over [M, N]):
 
 - forward: x0's e4m3 copy (1.5 P); per layer y = x0 * h + x with
   its e4m3 copy and row scales in the same pass (4.5 P; 3.5 for the first layer, x = x0). The last
@@ -19,7 +19,7 @@ byte floor: benchmarks/NOTES.md, "DCNv2 on one GPU"). Here one Triton program ow
   dx0 = sum_l G_{l+1} * h_l + G_1 + D_0 (2L + 2 P), instead of an accumulator read and written per layer.
 
 For L = 3: 34.5 P against ~40 for the same algebra with an accumulator, the products as in `Fp8Linear`
-(fp8 forward and input-gradient, bf16 weight gradients) except dU in fp8 (`fp8_wgrad`). Measured on
+(fp8 forward and input-gradient, bf16 weight gradients) except dU in fp8 (`wgrad.py`). Measured on
 one H200 (M 65,536): the kernels run at the device-copy rate; the cross net's forward +
 backward 9.10 ms against 9.83 for the same `Fp8Linear` layers compiled by inductor
 (benchmarks/fp8_cross.py). Same parameters and state-dict keys as the
@@ -30,8 +30,8 @@ The cross net runs eagerly between two compiled graphs (`torch.compiler.disable`
 
 x0 may come in two parts, DCNv2's dense-arch output and its lookups, which every kernel reads (and
 dx0's pass writes) in place: no concatenated copy (2 P, ~0.2 ms). The K = 512 up products run in
-`fp8_product`'s kernel instead of cuBLAS's. The weight-gradient products write fp32 (`weight_grad`: not
-rounded to bf16, no cast kernel after). dU is fp8, from batch-major copies (`fp8_wgrad`), and the weight
+`product.py`'s kernel instead of cuBLAS's. The weight-gradient products write fp32 (`weight_grad`: not
+rounded to bf16, no cast kernel after). dU is fp8, from batch-major copies (`wgrad.py`), and the weight
 gradients run in line by default (`wgrad_beside` off): on a side stream the products slow the tile
 kernels beside them more than they gain (benchmarks/NOTES.md).
 """
@@ -43,14 +43,14 @@ from torch import nn
 
 from ctrflow.models.layers import LowRankCrossNet
 from ctrflow.streams import beside, side_stream
-from ctrflow.train import fp8_product, fp8_wgrad
-from ctrflow.train.fp8 import E4M3, Fp8Linear, column_sums, quantize_rows, weight_grad
-from ctrflow.train.fp8_wgrad import x0_parts, x0_whole
+from ctrflow.accel.fp8 import product as fp8_product, wgrad as fp8_wgrad
+from ctrflow.accel.fp8.linear import E4M3, Fp8Linear, column_sums, quantize_rows, weight_grad
+from ctrflow.accel.fp8.wgrad import x0_parts, x0_whole
 
 try:  # the kernel compiler exists only where CUDA does
     import triton
 
-    from ctrflow.train import fp8_kernels as K
+    from ctrflow.accel.fp8 import kernels as K
 except ImportError:  # pragma: no cover - depends on the machine
     triton = K = None
 
@@ -74,7 +74,7 @@ def _shape(n: int) -> tuple[int, int, int]:
 
 
 def quantize(x, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """`ctrflow.train.fp8.quantize_rows` of a 2-D tensor (or x0 in two parts), in one kernel on CUDA;
+    """`ctrflow.accel.fp8.linear.quantize_rows` of a 2-D tensor (or x0 in two parts), in one kernel on CUDA;
     x may be strided (a weight's `.t()`: read in place rather than copied contiguous first, 7 copies a
     step for DCNv2)."""
     if not _kernels(x):
@@ -166,7 +166,7 @@ class _Fp8Cross(torch.autograd.Function):
         x0s = [t.to(BF16).contiguous() for t in (lead, rest) if t is not None]
         x0 = x0s[0] if lead is None else tuple(x0s)
         xq, x_scale = quantize(x0, E4M3)
-        x, saved = x0, [x_scale]  # x0's row scales: its rows' amax bound dh (fp8_wgrad)
+        x, saved = x0, [x_scale]  # x0's row scales: its rows' amax bound dh (wgrad.py)
         for i, (down, up, bias) in enumerate(zip(downs, ups, biases)):
             zq, z_scale = quantize(_product(xq, x_scale, down, fast), E4M3)  # z [M, r]
             h = _product(zq, z_scale, up, fast, bias)  # [M, N]

@@ -1,13 +1,13 @@
-"""Triton kernels of the fp8 cross layers (`ctrflow.train.fp8_cross` and `fp8_wgrad` launch them; their
+"""Triton kernels of the fp8 cross layers (`ctrflow.accel.fp8.cross` and `.wgrad` launch them; their
 docs say what each computes and why).
 
 Memory-bound row kernels: each program owns whole rows, a [ROWS, BLOCK_N] block with BLOCK_N the
 next power of two >= N (4096 for N = 3456), so a row's amax, scale and fp8 copy come out of the
 registers of the very pass that produces the row. Math in fp32; every tensor the torch path would
 round to bf16 is rounded here too (y, dh, each partial gradient sum), then quantized from those bf16
-values, as `ctrflow.train.fp8.quantize_rows` does. The dh pass (`cross_dh_tiles_kernel`) works on
+values, as `ctrflow.accel.fp8.linear.quantize_rows` does. The dh pass (`cross_dh_tiles_kernel`) works on
 [R, BC] tiles instead, with scales known before it, so that its batch-major copy's stores write
-whole R-row segments (`fp8_wgrad`).
+whole R-row segments (`ctrflow.accel.fp8.wgrad`).
 """
 
 from __future__ import annotations

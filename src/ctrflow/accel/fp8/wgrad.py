@@ -1,4 +1,4 @@
-"""fp8 weight gradients of the cross layers' up products, dU_l = dh_l^T z_l [N, r] (`fp8_cross`'s
+"""fp8 weight gradients of the cross layers' up products, dU_l = dh_l^T z_l [N, r] (`ctrflow.accel.fp8.cross`'s
 notation: h_l = U_l z_l + b_l, z_l = V_l x_l), from batch-major copies.
 
 Hopper's fp8 products (cuBLAS) take both operands K-major, and a weight gradient's K is the batch, so
@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import torch
 
-from ctrflow.train import fp8_product
-from ctrflow.train.fp8 import E4M3
+from ctrflow.accel.fp8 import product as fp8_product
+from ctrflow.accel.fp8.linear import E4M3
 
 try:  # the kernel compiler exists only where CUDA does
     import triton
 
-    from ctrflow.train import fp8_kernels as K
+    from ctrflow.accel.fp8 import kernels as K
 except ImportError:  # pragma: no cover - depends on the machine
     triton = K = None
 
@@ -43,8 +43,8 @@ TILES = {"dh": (64, 64, 4, 8), "transpose": (128, 64, 4)}
 
 def x0_parts(x0) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(first part, other part, LEAD) of x0: one [M, N] tensor (itself twice, LEAD 0), or a pair
-    (lead [M, LEAD], rest [M, N - LEAD]) read in place by the kernels (`fp8_kernels._x0_at`); here
-    because `fp8_cross`, which imports this module, needs it too."""
+    (lead [M, LEAD], rest [M, N - LEAD]) read in place by the kernels (`kernels._x0_at`); here
+    because `cross`, which imports this module, needs it too."""
     return (x0, x0, 0) if isinstance(x0, torch.Tensor) else (x0[0], x0[1], x0[0].shape[1])
 
 

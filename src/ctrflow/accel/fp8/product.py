@@ -6,7 +6,7 @@ output stores not hidden behind the products. Here two persistent programs share
 epilogue (scales, bias, two half-tile stores) runs while the other's tensor cores work: 234-243 us
 against cuBLAS's 258-268 at M = 65,536 on an H200 (benchmarks/NOTES.md). Longer reductions stay on
 cuBLAS, whose kernels win there, unless the caller needs each output row's amax, which the epilogue
-here emits (`fp8_wgrad`'s row bounds; +27 us at K = 512, and DCNv2's K = 1,024 product 419 us against
+here emits (`wgrad`'s row bounds; +27 us at K = 512, and DCNv2's K = 1,024 product 419 us against
 cuBLAS's 370 without it).
 """
 

@@ -1,59 +1,36 @@
-"""The one build step of a training run, in the manner of torchtitan's `parallelize_<model>`.
+"""The run plan: every `auto` of a `TrainConfig` resolved for this runtime and this model.
 
-`plan_run(config, runtime, model)` resolves every `auto` of a `TrainConfig`, for this runtime and this
-model, into a `RunPlan`: device, processes, fused or plain tables and their optimizers, the sharding plan,
-how the dense gradients are averaged, CUDA graphs, compile, precision per layer kind, the loader.
-`build(model, plan, runtime)` then applies the plan to a model from `build_model` (its tables deferred:
-drawn where they land), always in this order:
-
-1. fp8 (`--precision fp8`): Linear layers >= 512 wide become `Fp8Linear`s, DCNv2's cross net an
-   `Fp8CrossNet` (`ctrflow.train.fp8.apply_fp8`);
-2. aligned Linear (CUDA): inputs of a width not a multiple of 8 are zero-padded for the tensor cores
-   (`ctrflow.embedding.fused.dense.align_linear_inputs`);
-3. tables and interaction: one process, fused: `embeddings` becomes a `FusedEmbeddingCollection` drawn on
-   the device; N processes, fused: the tables fuse as they are sharded (4.); both: DLRM's dot interaction
-   becomes the fused one (`ctrflow.train.fused`); collections left plain are drawn;
-4. parallelize: N processes shard the tables by the plan (fused or plain sharded collections), the model
-   moves to the device, DDP wraps the dense part where `dense_sync` is "ddp" (`ctrflow.train.distributed`);
-5. exchange layout: DLRM's fused interaction reads the sharded exchange's buffers in place
-   (`ctrflow.embedding.fused.sharded_model.read_exchange_layout`);
-6. dense average: where `dense_sync` is "average" the step averages the dense gradients itself
-   (`DenseAverage`, no DDP hooks: the whole step can be one CUDA graph);
-7. compile: torch.compile of `head` (DCNv2) or of each dense part (`ctrflow.train.graphs.compile_dense`).
-
-fp8 and alignment rewrite disjoint Linear layers (widths multiples of 16 against widths not multiples of
-8); both come before the swaps so that the layers are found in the model as `build_model` made it, and
-compile comes last so that it compiles the final modules. Every rewrite keeps the parameters and their
-state-dict keys: optimizers, checkpoints and the plain path see the same weights. Rewrites reach their
-targets through the model's typed parts (`RankingModel.embeddings`, `.interaction`, `.over_arch`, ...).
-The benchmarks call `build` with plans of their own (fp8 rules, a compile scope, no alignment), on
-models whose tables they made themselves (a fused or sharded collection is left as it is).
+`plan_run(config, runtime, model)` decides, for a model from `build_model` (tables deferred), the
+device, processes, fused or plain tables and their optimizers, the sharding plan, how the dense
+gradients are averaged, CUDA graphs, compile, precision per layer kind and the loader, into a
+`RunPlan`; `ctrflow.accel.accelerate.accelerate` then applies it. The plan reads the model's named parts
+(`embeddings`, `linear_embeddings`, `interaction`) and the data it declares about itself
+(`products_only`, `head_is_one_graph`), never its class. The plan is also the run's record: what the run
+prints, writes into its checkpoints (`run_record`) and logs as tracker params (`tracked_params`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
-from torch import nn
 
+from ctrflow.accel.dense import compile_scope, use_compile
+from ctrflow.accel.fp8.linear import check_fp8_device
+from ctrflow.accel.fused import FUSED_KINDS, FUSED_MIN_DIM, use_fused
+from ctrflow.accel.graphs import use_graphs
 from ctrflow.config import OptimConfig, TrainConfig
-from ctrflow.embedding.collection import materialize_tables
-from ctrflow.embedding.fused.dense import align_linear_inputs
-from ctrflow.embedding.fused.sharded_model import read_exchange_layout
-from ctrflow.embedding.optimizers import choose_kind
+from ctrflow.embedding.optimizers import choose_kind, sparse_memory
 from ctrflow.embedding.plan import ShardingPlan
-from ctrflow.models import RankingModel
+from ctrflow.errors import UserError
 from ctrflow.models.layers import DotInteraction
-from ctrflow.train.dense_average import DenseAverage
-from ctrflow.train.distributed import Runtime, parallelize
-from ctrflow.train.fp8 import GRAD_DTYPES, apply_fp8
-from ctrflow.train.fused import (FUSED_KINDS, FUSED_MIN_DIM, apply_fused, autocast_dtype, fused_collections,
-                                 sharded_options, swap_interactions, use_fused)
-from ctrflow.train.graphs import compile_dense, compile_scope, use_compile, use_graphs
-from ctrflow.train.optim import sparse_memory, split_parameters
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from ctrflow.train.distributed import Runtime
 
 
 @dataclass(frozen=True)
@@ -72,7 +49,7 @@ class Fp8Plan:
 
 @dataclass(frozen=True)
 class RunPlan:
-    """Every choice of a run, resolved (no "auto"): what `build` applies and the run records."""
+    """Every choice of a run, resolved (no "auto"): what `accelerate` applies and the run records."""
 
     device: str = "cpu"  # cpu | cuda:N (this process's)
     processes: int = 1
@@ -133,7 +110,7 @@ def _counted(values) -> str:
     return ", ".join(f"{value} {n}" for value, n in counts)
 
 
-def plan_run(config: TrainConfig, runtime: Runtime, model: RankingModel, loader: str = "") -> RunPlan:
+def plan_run(config: TrainConfig, runtime: Runtime, model: nn.Module, loader: str = "") -> RunPlan:
     """Resolve `config`'s choices for `runtime` and `model` (module doc); `loader`: the train split's,
     as the loop resolved it. Every process calls it (the sharding plan agrees on memory: collective)."""
     amp = autocast_dtype(config, runtime)  # refuses fp8 where the GPU has no fp8 tensor cores
@@ -158,70 +135,36 @@ def plan_run(config: TrainConfig, runtime: Runtime, model: RankingModel, loader:
         loader=loader, optim=_resolved_optim(config.optim, model))
 
 
-def _resolved_optim(optim: OptimConfig, model: RankingModel) -> OptimConfig:
+def autocast_dtype(config: TrainConfig, runtime: Runtime) -> torch.dtype | None:
+    """The dense part's autocast dtype: `--precision auto` is bf16 on CUDA, fp32 (None) elsewhere;
+    `fp8` is bf16 autocast with the large Linear products in fp8 (`ctrflow.accel.fp8.apply.apply_fp8`,
+    which `accelerate` applies), refused with a UserError off a CUDA GPU of compute capability 8.9+."""
+    if config.precision == "fp32" or (config.precision == "auto" and runtime.device.type != "cuda"):
+        return None
+    if config.precision not in ("auto", "bf16", "fp8"):
+        raise UserError(f"--precision must be auto, fp32, bf16 or fp8, got {config.precision!r}")
+    if config.precision == "fp8":
+        check_fp8_device(runtime.device)
+    return torch.bfloat16
+
+
+def _resolved_optim(optim: OptimConfig, model: nn.Module) -> OptimConfig:
     """`optim` as the run applies it: no embedding L2 where the embeddings reach the output only through
     products of each other (`RankingModel.products_only`): DLRM without dense features on 200,000
     movielens-like rows validated at AUC 0.50 with it (the L2 held every table at zero), 0.77 without."""
     return replace(optim, embedding_l2=0.0) if model.products_only and optim.embedding_l2 else optim
 
 
-def _plan_sharding(config: TrainConfig, runtime: Runtime, model: RankingModel, fused: bool) -> ShardingPlan:
+def _plan_sharding(config: TrainConfig, runtime: Runtime, model: nn.Module, fused: bool) -> ShardingPlan:
     """The tables' placement over the processes (`--sharding`, `--plan`, memory); the fused path's
     auto plan keeps large tables whole where they fit (static all-to-all sizes) and replicates tables
     up to 32 MiB."""
-    from ctrflow.embedding.parallelize import plan_model
+    from ctrflow.accel.parallelize import plan_model  # the sharded collections' code, for N processes only
     from ctrflow.embedding.plan import FUSED_REPLICATE_BYTES, REPLICATE_BYTES
 
     return plan_model(model, runtime.world_size, config.sharding, config.plan, runtime.device,
                       memory_of=sparse_memory(config.optim), large="table" if fused else "row",
                       replicate_bytes=FUSED_REPLICATE_BYTES if fused else REPLICATE_BYTES)
-
-
-@dataclass
-class Built:
-    """What `build` made: the model to train, the collections that train themselves (by attribute:
-    `FusedTables` takes them), the step's `DenseAverage` (or None) and what each rewrite changed."""
-
-    model: RankingModel
-    fused: dict[str, nn.Module]
-    average: DenseAverage | None
-    changes: dict[str, Any]
-
-
-def build(model: RankingModel, plan: RunPlan, runtime: Runtime) -> Built:
-    """Apply `plan` to `model` in the module doc's order; collective with N processes (every rank
-    calls it in the same order). Returns the `Built` run; `model` itself is rewritten in place."""
-    fp8_layers = apply_fp8_plan(model, plan.fp8) if plan.fp8 is not None else 0
-    aligned = align_linear_inputs(model) if plan.align_linear else 0
-    if plan.embedding == "fused" and runtime.distributed:
-        swap_interactions(model)  # the tables fuse as they are sharded
-    elif plan.embedding == "fused":
-        apply_fused(model, plan.optim, runtime.device, plan.amp)  # drawn straight into the device buffer
-    if not runtime.distributed:
-        materialize_tables(model)  # what no faster path took (DeepFM's dim-1 first-order tables, the plain path)
-    options = sharded_options(plan.optim, plan.amp) if plan.embedding == "fused" and runtime.distributed else None
-    # only this process's shards reach the device, never whole tables
-    model = parallelize(model, runtime, plan.sharding, options, data_parallel=plan.dense_sync == "ddp")
-    in_place = read_exchange_layout(model) if plan.exchange_in_place else False
-    fused = fused_collections(model)
-    average = None
-    if plan.dense_sync == "average":  # rank 0's dense values broadcast, as DDP does
-        average = DenseAverage(split_parameters(model)[0], fused.values(), plan.dense_comm)
-    compiled = compile_dense(model, plan.compile, plan.compile_mode) if plan.compile != "off" else False
-    return Built(model, fused, average, {"fp8_layers": fp8_layers, "aligned_layers": aligned,
-                                         "exchange_in_place": in_place, "compiled": compiled})
-
-
-def apply_fp8_plan(model: nn.Module, fp8: Fp8Plan) -> int:
-    """`apply_fp8` with `fp8`'s options; returns the number of layers now fp8."""
-    options = {k: v for k, v in asdict(fp8).items() if k not in ("grad_dtype", "wgrad_beside")}
-    layers = apply_fp8(model, grad_dtype=GRAD_DTYPES[fp8.grad_dtype], **options)
-    if fp8.wgrad_beside:
-        from ctrflow.train.fp8_cross import Fp8CrossNet
-
-        for cross in (m for m in model.modules() if isinstance(m, Fp8CrossNet)):
-            cross.wgrad_beside = True
-    return layers
 
 
 def resolved_config(config: TrainConfig, plan: RunPlan) -> dict[str, Any]:
@@ -254,7 +197,3 @@ def tracked_params(config: TrainConfig, plan: RunPlan) -> dict[str, Any]:
         else:
             flat[key] = value
     return {**flat, **{f"plan.{k}": v for k, v in plan.record().items()}}
-
-
-__all__ = ["Built", "Fp8Plan", "RunPlan", "apply_fp8_plan", "build", "plan_run", "resolved_config", "run_record",
-           "tracked_params"]

@@ -1,6 +1,6 @@
 """Hybrid parallelism applied to a finished model: sharded embeddings + data-parallel dense layers.
 
-The model never mentions parallelism. `parallelize(model, plan, device)` applies, in this order:
+The model never mentions parallelism. `parallelize(model, runtime, plan)` applies, in this order:
 1. `apply_embedding_sharding`: every `EmbeddingCollection` becomes a `ShardedEmbeddingCollection`
    (model-parallel tables, all-to-all lookups) on its own process group;
 2. the dense rest moves to the device;
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,9 @@ from ctrflow.embedding.plan import (REPLICATE_BYTES, ShardingPlan, device_memory
 from ctrflow.embedding.sharded import ShardedEmbeddingCollection
 from ctrflow.embedding.tables import TableConfig
 from ctrflow.errors import UserError
+
+if TYPE_CHECKING:
+    from ctrflow.train.distributed import Runtime
 
 
 def model_tables(model: nn.Module) -> list[TableConfig]:
@@ -89,22 +93,24 @@ def apply_data_parallel(model: nn.Module, device: torch.device) -> None:
     replicate(model, ignored_modules=ignored, **kwargs)
 
 
-def parallelize(model: nn.Module, plan: ShardingPlan | None, device: torch.device | str = "cpu",
-                check_ids: bool = True, fused: dict | None = None) -> nn.Module:
-    """Shard embeddings by `plan` (fused collections with `fused` options), move the rest to
-    `device`, wrap the dense part in DDP.
-
-    In a single process (or plan None) the model only moves to the device. Collective with N > 1:
-    every rank calls it in the same order.
-    """
-    device = torch.device(device)
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    if world == 1 or plan is None:
-        return model.to(device)
-    if plan.world_size != world:
-        raise UserError(f"sharding plan is for {plan.world_size} ranks, this job has {world}")
-    group = dist.new_group(list(range(world)))  # embedding traffic apart from DDP's buckets
-    apply_embedding_sharding(model, plan, group, device, check_ids, fused)
-    model.to(device)
-    apply_data_parallel(model, device)
+def parallelize(model: nn.Module, runtime: Runtime, plan: ShardingPlan | None = None, fused: dict | None = None,
+                data_parallel: bool = True) -> nn.Module:
+    """Hybrid parallelism, in place: for N processes the embedding tables are sharded by `plan`
+    (`ctrflow.accel.plan.plan_run` makes it; `fused`: the fused sharded collections' options,
+    `ctrflow.accel.fused.sharded_options`), the rest moves to the device and, with `data_parallel`, the
+    dense part runs under DDP (`data_parallel=False`: the step averages the dense gradients itself,
+    `DenseAverage`); for one process the model only moves to the device. Collective with N > 1:
+    every rank calls it in the same order."""
+    if not runtime.distributed:
+        return model.to(runtime.device)
+    if plan is None:
+        raise ValueError("parallelize: N processes need a sharding plan")
+    if plan.world_size != runtime.world_size:
+        raise UserError(f"sharding plan is for {plan.world_size} ranks, this job has {runtime.world_size}")
+    group = dist.new_group(list(range(runtime.world_size)))  # embedding traffic on its own communicator
+    # fused tables skip the per-step id check (a host sync), as in one process: the loader checked the ids
+    apply_embedding_sharding(model, plan, group, runtime.device, check_ids=fused is None, fused=fused)
+    model.to(runtime.device)
+    if data_parallel:
+        apply_data_parallel(model, runtime.device)
     return model

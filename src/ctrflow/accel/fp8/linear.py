@@ -30,7 +30,7 @@ Row scales (amax of each row / the format's largest value) keep a row's outliers
 the others, and, being per-row reductions, fuse under `torch.compile` into the kernel that
 produces the row (the cross layer's `x0 * h + x`) — as looped reductions that read each row two or
 three times (benchmarks/NOTES.md). DCNv2's cross layers therefore become an
-`ctrflow.train.fp8_cross.Fp8CrossNet` (`apply_fp8(fuse_cross=True)`, the default): hand-written row
+`ctrflow.accel.fp8.cross.Fp8CrossNet` (`apply_fp8(fuse_cross=True)`, the default): hand-written row
 kernels that produce each row, its amax and its fp8 copy in one pass: 4.74-4.78 M samples/s against
 4.67 M for the Fp8Linear layers under inductor and 4.35 M in bf16 (one H200; benchmarks/NOTES.md);
 AUC over 3 seeds at the gate's edge (|mean delta| 0.3e-4, 9.3e-4, 9.1e-4 in three runs). Master weights, optimizer state
@@ -43,7 +43,6 @@ import torch
 from torch import nn
 
 from ctrflow.errors import UserError
-from ctrflow.models.layers import LowRankCrossNet
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 GRAD_DTYPES = {"e5m2": E5M2, "e4m3": E4M3}
@@ -162,52 +161,6 @@ class Fp8Linear(nn.Linear):
         return f"{super().extra_repr()}, fp8 {products or 'none'}: e4m3 x " \
                f"{str(self.grad_dtype).split('_')[-1]} grads, {'row' if self.rowwise else 'tensor'} scales" \
                f"{', fast accumulation' if self.fast_accum else ''}"
-
-
-def apply_fp8(model: nn.Module, min_features: int = 512, rule: str = "all", fast_accum: bool = True,
-              fuse_cross: bool = True, absorb: bool = True, **options) -> int:
-    """Replace, in place, every plain `nn.Linear` of `model` with both widths >= `min_features` and
-    multiples of 16 (the fp8 kernels' rule) by an `Fp8Linear` over the same parameters, its fp8
-    products chosen by `rule` ("widening" or "all", module doc; `options` as `Fp8Linear.set_options`);
-    returns how many. Smaller layers stay bf16: their quantization passes would cost what fp8 saves.
-    `fuse_cross`: DCNv2 cross layers whose products are now all fp8 with row scales become an
-    `ctrflow.train.fp8_cross.Fp8CrossNet` (their elementwise work and quantizations in row kernels),
-    which also computes the deep MLP's first layer when it is such an `Fp8Linear` and `absorb`."""
-    if rule not in ("widening", "all"):
-        raise ValueError(f"unknown fp8 rule {rule!r}; choose widening or all")
-    targets = [(name, m) for name, m in model.named_modules()
-               if type(m) is nn.Linear and min(m.in_features, m.out_features) >= min_features
-               and m.in_features % 16 == 0 and m.out_features % 16 == 0]
-    for name, linear in targets:
-        parent_name, _, leaf = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        products = {"fp8_forward": linear.out_features >= linear.in_features,
-                    "fp8_dgrad": linear.in_features >= linear.out_features} if rule == "widening" else {}
-        setattr(parent, leaf, Fp8Linear.from_linear(linear, fast_accum=fast_accum, **{**products, **options}))
-    if fuse_cross:
-        _fuse_crosses(model, absorb)
-    return len(targets)
-
-
-def _fuse_crosses(model: nn.Module, absorb: bool) -> None:
-    """Cross nets whose products are all fp8 with row scales become `Fp8CrossNet`s: a ranking model's
-    `interaction` (DCNv2), absorbing the first layer of its `over_arch` (the deep MLP, which reads the
-    cross layers' output), or, in any other module, every `LowRankCrossNet` found."""
-    from ctrflow.models import RankingModel
-    from ctrflow.train.fp8_cross import Fp8CrossNet  # it builds on this module's layers
-
-    if isinstance(model, RankingModel):
-        if type(model.interaction) is LowRankCrossNet and Fp8CrossNet.suits(model.interaction):
-            model.interaction = cross = Fp8CrossNet.from_cross(model.interaction)
-            first = model.over_arch[0]
-            if absorb and (absorbed := cross.absorb(first)) is not None:
-                model.over_arch[0] = absorbed
-        return
-    for name in [name for name, m in model.named_modules() if name and type(m) is LowRankCrossNet
-                 and Fp8CrossNet.suits(m)]:
-        parent_name, _, leaf = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, leaf, Fp8CrossNet.from_cross(getattr(parent, leaf)))
 
 
 def check_fp8_device(device: torch.device) -> None:

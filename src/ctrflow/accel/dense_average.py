@@ -5,7 +5,7 @@ DDP all-reduces gradient buckets from hooks during backward; its hooks and host-
 cannot be captured in a CUDA graph. `DenseAverage` does the same arithmetic as one all-reduce of the
 concatenated dense gradients after backward, started BEFORE the fused sharded tables' deferred
 update (`update_in_backward = False`, then `flush()`), so the all-reduce runs beside that update.
-The whole step then has no host sync and `GraphedStep` captures it (`ctrflow.train.graphs`); eager
+The whole step then has no host sync and `GraphedStep` captures it (`ctrflow.accel.graphs`); eager
 steps use the same code (`tests/integration/steps/test_dense_average.py` holds it equal to DDP's step).
 On 4 H200s (`benchmarks/sharded_scale.py --graph`, benchmarks/NOTES.md) a communicator of its own
 ("own") was faster than the default one, where the all-reduce queued behind the replicated tables'.

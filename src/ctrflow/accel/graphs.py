@@ -19,16 +19,12 @@ table: no host sync) and the dense part is not under DDP: the step averages its 
 (the eager collectives of validation and checkpoints run between replays); it is captured with
 `capture_error_mode="thread_local"` (NCCL's watchdog thread keeps running) and must be released
 (`GraphedStep.release`) before the process group is destroyed. `use_graphs` checks this;
-otherwise the loop keeps its eager step. `ctrflow.train.build.plan_run` decides both.
-
-`compile_dense` torch.compiles what follows the lookup (`model.head`: one inductor graph for DCNv2's
-concatenation, cross layers and deep MLP; DLRM's MLPs and interaction each apart), on one process and
-under torchrun where the step averages the dense gradients itself.
+otherwise the loop keeps its eager step (`ctrflow.accel.plan.plan_run` decides).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.distributed as dist
@@ -36,14 +32,14 @@ from torch import nn
 
 from ctrflow.config import TrainConfig
 from ctrflow.loaders.batch import Batch
-from ctrflow.train.distributed import Runtime
-from ctrflow.models import DCNv2, RankingModel
-from ctrflow.train.optim import Optimizers
+
+if TYPE_CHECKING:
+    from ctrflow.train.distributed import Runtime
+    from ctrflow.train.optim import Optimizers
 
 CAPTURABLE = (torch.optim.Adam, torch.optim.AdamW)  # optimizers whose learning rate may be a device tensor
 CAPTURABLE_DENSE = ("adam", "adamw")  # their `--dense-optimizer` names
-StepFn = Callable[[nn.Module, Batch, Optimizers, torch.device, "torch.dtype | None"], torch.Tensor]
-COMPILE_SCOPES = ("off", "head", "parts")
+StepFn = Callable[[nn.Module, Batch, "Optimizers", torch.device, "torch.dtype | None"], torch.Tensor]
 
 
 def use_graphs(config: TrainConfig, runtime: Runtime, all_fused: bool, static_exchange: bool = True) -> bool:
@@ -54,38 +50,6 @@ def use_graphs(config: TrainConfig, runtime: Runtime, all_fused: bool, static_ex
         return False
     return (runtime.device.type == "cuda" and all_fused and config.optim.dense in CAPTURABLE_DENSE
             and static_exchange)
-
-
-def use_compile(config: TrainConfig, runtime: Runtime) -> bool:
-    """`--compile auto`: torch.compile the dense head on CUDA; `off` never (the CPU never: slow to build)."""
-    return config.compile != "off" and runtime.device.type == "cuda"
-
-
-def compile_scope(model: RankingModel) -> str:
-    """What `compile_dense` compiles by default: `head` (everything after the lookup, one inductor graph)
-    for DCNv2, whose concatenation, cross layers and deep MLP fuse; `parts` (each dense part apart) for
-    the others: DLRM's fused interaction kernels stay apart from the compiled layers."""
-    return "head" if isinstance(model, DCNv2) else "parts"
-
-
-def compile_dense(model: RankingModel, scope: str | None = None, mode: str | None = None) -> bool:
-    """Compile, in place, `model.head` (scope "head") or its dense parts one by one (`dense_arch`,
-    `interaction`, `over_arch`, those it has; scope "parts"; None: `compile_scope(model)`; eager,
-    DLRM's 4-GPU step took 0.35 ms more, one GPU's 0.06 ms); returns whether it compiled anything.
-    Parameters and state-dict keys stay as they were."""
-    scope = compile_scope(model) if scope is None else scope
-    if scope not in COMPILE_SCOPES:
-        raise ValueError(f"compile scope must be one of {', '.join(COMPILE_SCOPES)}, got {scope!r}")
-    if scope == "head":
-        model.head = torch.compile(model.head, mode=mode)  # instance attribute: forward finds it
-        return True
-    parts = [part for part in (model.dense_arch, model.interaction, model.over_arch) if part is not None] \
-        if scope == "parts" else []
-    for part in parts:
-        # the compiled `forward` as an instance attribute, not `Module.compile()`: DLRM's graphed step
-        # ran 7% faster so on one H100 (15.19 against 14.13 M samples/s), and the state-dict keys stay
-        part.forward = torch.compile(part.forward, mode=mode)
-    return bool(parts)
 
 
 class GraphedStep:

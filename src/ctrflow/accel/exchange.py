@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ctrflow.embedding.fused.interaction import FusedDotInteraction
+from ctrflow.accel.interaction import FusedDotInteraction
 from ctrflow.embedding.fused.sharded import FusedShardedEmbeddingCollection
 
 if TYPE_CHECKING:  # the contract of the model's parts; embedding code imports no model
