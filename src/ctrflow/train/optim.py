@@ -37,13 +37,20 @@ class Optimizers:
 
     def zero_grad(self) -> None:
         """Drop gradients (sparse gradients cannot be zeroed in place)."""
-        for opt in self.all():
+        for opt in self.stepped():
             opt.zero_grad(set_to_none=True)
 
     def step(self) -> None:
-        """Apply one update to every parameter."""
-        for opt in self.all():
+        """Apply one update to every parameter. A sparse optimizer holding no table of this process
+        (every table fused, or no local shard) only counts the step, which checkpoints record."""
+        for opt in self.stepped():
             opt.step()
+        if self.sparse is not None and not self.sparse_names:
+            self.sparse.steps += 1
+
+    def stepped(self) -> list[torch.optim.Optimizer]:
+        """The optimizers that hold parameters of this process."""
+        return [o for o in (self.dense, self.sparse if self.sparse_names else None) if o is not None]
 
     def set_lr_factor(self, factor: float) -> None:
         """Scale both base learning rates by the schedule's `factor`."""
@@ -53,10 +60,6 @@ class Optimizers:
                     group["lr"] = base * factor
         if self.fused is not None:
             self.fused.set_lr(self.base_lrs[1] * factor)
-
-    def all(self) -> list[torch.optim.Optimizer]:
-        """The optimizers that exist."""
-        return [o for o in (self.dense, self.sparse) if o is not None]
 
     def state_dict(self) -> dict[str, Any]:
         """Dense state as torch saves it; sparse state as whole tables by name (topology-independent;
