@@ -12,7 +12,7 @@ from torch import nn
 
 from ctrflow.models import build_model
 from ctrflow.train.fp8 import E4M3, E5M2, Fp8Linear, apply_fp8
-from ctrflow.features import Features
+from ctrflow.contract.features import Features
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")

@@ -14,7 +14,7 @@ from ctrflow.train.distributed import Runtime
 from ctrflow.train.fp8 import Fp8Linear, apply_fp8, quantize_rows
 from ctrflow.train.fused import autocast_dtype
 from ctrflow.train.graphs import compile_dense, use_compile
-from ctrflow.features import Features
+from ctrflow.contract.features import Features
 
 
 def dcn() -> nn.Module:

@@ -12,7 +12,7 @@ from ctrflow.models import build_model
 from ctrflow.models.layers import LowRankCrossNet
 from ctrflow.train.fp8 import E5M2, Fp8Linear, apply_fp8
 from ctrflow.train.fp8_cross import AbsorbedFp8Linear, Fp8CrossNet, dx0_reference
-from ctrflow.features import Features
+from ctrflow.contract.features import Features
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -8,7 +8,7 @@ from ctrflow.embedding.fused.dense import align_linear_inputs
 from ctrflow.embedding.fused.interaction import FusedDotInteraction
 from ctrflow.models import build_model
 from ctrflow.models.layers import DotInteraction
-from ctrflow.features import Features
+from ctrflow.contract.features import Features
 
 
 def test_fused_dot_interaction_equals_plain_on_cpu():

@@ -18,7 +18,7 @@ from ctrflow.embedding.fused import FusedEmbeddingCollection
 from ctrflow.embedding.fused.dense import AlignedLinear
 from ctrflow.embedding.fused.interaction import FusedDotInteraction
 from ctrflow.checkpoint import load_model, resolve_checkpoint
-from ctrflow.features import Features
+from ctrflow.contract.features import Features
 from ctrflow.models import build_model
 from ctrflow.tracking import Tracker
 from ctrflow.train.build import Fp8Plan, RunPlan, build, plan_run

@@ -1,7 +1,7 @@
 """Ranking models: DLRM, DCNv2, DeepFM, Wide&Deep.
 
 Every model maps `dense` [B, num_dense] float32 and `sparse` [B, slots] int ids (the feature
-contract, `ctrflow.features`) to logits [B] and is a `RankingModel`, a composition of named parts:
+contract, `ctrflow.contract.features`) to logits [B] and is a `RankingModel`, a composition of named parts:
 `dense_arch` -> `embeddings` -> `interaction` -> `over_arch` (`ctrflow.models.base`).
 Models know nothing of devices, processes, sharding, the loss or any dataset.
 
@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ctrflow.embedding.collection import EmbeddingCollection
-from ctrflow.features import Features
+from ctrflow.contract.features import Features
 from ctrflow.models.base import RankingModel
 from ctrflow.models.dcnv2 import DCNv2
 from ctrflow.models.deepfm import DeepFM
@@ -44,7 +44,7 @@ def build_model(name: str, features: Features, embedding_dim: int = 16, seed: in
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
     features = getattr(features, "features", features)  # a Schema carries its features
     if not isinstance(features, Features):
-        raise TypeError(f"build_model takes the feature contract (ctrflow.features.Features), got {type(features)}")
+        raise TypeError(f"build_model takes the feature contract (ctrflow.contract.features.Features), got {type(features)}")
     # dense layers draw from the global generator: fork it so building a model has no side effect
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
