@@ -8,7 +8,6 @@ in order by one reader.
 from __future__ import annotations
 
 import mmap
-import os
 import zlib
 from dataclasses import dataclass
 from pathlib import Path

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -199,23 +199,25 @@ def _earlier_values(previous: pa.Table | None) -> tuple[np.ndarray, pa.Array]:
 
 @dataclass
 class MergeStage:
-    """`merge_vocabulary` of one column per task (column, other-string counts) on pool workers
-    (`parallel.Stage`): the columns merge in parallel processes, not threads holding one GIL."""
+    """One column's vocabulary per task (column, the workers' held or other-string counts of it) on pool
+    workers (`parallel.Stage`): the columns merge in parallel processes, not threads holding one GIL.
+    `merge` is Criteo's 8-byte-key merge (`merge_vocabulary`) or any strings' (`string_counts.merge_strings`)."""
 
     runs: list[str]
     thresholds: Sequence[int]  # per column
     range_entries: int = RANGE_ENTRIES
     previous: str = ""  # `--vocab-from`: the processed data whose vocabularies grow ("": none)
     names: Sequence[str] = ()  # the columns in order (their vocabulary files there)
+    merge: Callable[..., tuple[pa.Table, int]] = merge_vocabulary
 
     def start(self) -> None:
         """Nothing to prepare."""
 
     def handle(self, task: tuple[int, list]) -> tuple[pa.Table, int]:
         """(vocabulary table, distinct values) of one column."""
-        column, others = task
+        column, held = task
         previous = read_vocab_table(self.previous, self.names[column]) if self.previous else None
-        return merge_vocabulary(self.runs, others, column, self.thresholds[column], self.range_entries, previous)
+        return self.merge(self.runs, held, column, self.thresholds[column], self.range_entries, previous)
 
     def finish(self) -> None:
         """Nothing to hand back."""

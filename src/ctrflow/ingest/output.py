@@ -21,12 +21,15 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ctrflow.ingest.parallel import start_context
 from ctrflow.errors import UserError
 from ctrflow.contract.features import LABEL, Features
 from ctrflow.processes import process_alive
+
+VALID = "__valid"  # a cached block's column: the row belongs to the validation split
 
 def part_schema(features: Features) -> pa.Schema:
     """The columns of every part, all REQUIRED (never null; Parquet then stores no definition levels):
@@ -51,6 +54,24 @@ def write_part(columns: dict, path: str, compression: str, schema: pa.Schema) ->
     table = pa.Table.from_arrays(arrays, schema=schema)
     pq.write_table(table, path, compression=compression, use_dictionary=False, write_statistics=False)
     return len(table)
+
+
+def write_splits(columns: dict, cached: pa.Table, parts: dict[str, int], data_dir: str, compression: str,
+                 schema: pa.Schema) -> dict[str, int]:
+    """Write a cached block's `columns` as one part per split of `parts` (split -> part number): the rows its
+    `VALID` column marks go to `data_dir/valid/`, the others to `train/`; returns rows written per split."""
+    written = {}
+    for split, part in parts.items():
+        rows = columns
+        if VALID in cached.column_names:
+            valid = cached.column(VALID).combine_chunks()
+            keep = valid if split == "valid" else pc.invert(valid)
+            mask = keep.to_numpy(zero_copy_only=False)
+            rows = {name: (values.filter(keep) if isinstance(values, pa.Array) else values[mask])
+                    for name, values in columns.items()}
+        out = os.path.join(data_dir, split, f"part-{part:05d}.parquet")
+        written[split] = write_part(rows, out, compression, schema)
+    return written
 
 
 def _array(values, kind: pa.DataType) -> pa.Array:

@@ -13,7 +13,6 @@ whatever order blocks were counted in.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -21,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ctrflow.ingest.counting import RANGE_ENTRIES, SPILL_ENTRIES
-from ctrflow.ingest.growth import grow, range_slice, read_vocab_table
+from ctrflow.ingest.growth import grow, range_slice
 from ctrflow.contract.hashing import hash_strings
 
 _RUN_SCHEMA = pa.schema([("h", pa.uint64()), ("value", pa.string()), ("count", pa.int64())])
@@ -109,8 +108,8 @@ def _sorted_by_hash(values: pa.Array, counts: pa.Array) -> tuple[pa.Array, pa.Ar
     return pa.array(h[order]), values.cast(pa.string()).take(order), counts.take(order)
 
 
-def merge_strings(runs: list[str], column: int, threshold: int, range_entries: int = RANGE_ENTRIES,
-                  previous: pa.Table | None = None, held=()) -> tuple[pa.Table, int]:
+def merge_strings(runs: list[str], held: list, column: int, threshold: int, range_entries: int = RANGE_ENTRIES,
+                  previous: pa.Table | None = None) -> tuple[pa.Table, int]:
     """Column `column`'s vocabulary from every worker's runs and `held` counts ((values, counts) of the
     workers that never spilled): (table value/count, most frequent first, ties by value bytes; distinct
     values in the training split). `previous`: the earlier vocabulary this one grows (`growth.grow`: its
@@ -154,27 +153,3 @@ def merge_strings(runs: list[str], column: int, threshold: int, range_entries: i
     order = pc.sort_indices(table, sort_keys=[("count", "descending"), ("value", "ascending")])
     table = table.take(order)
     return (table if previous is None else grow(previous, table, threshold)), distinct
-
-
-@dataclass
-class StringMergeStage:
-    """`merge_strings` of one column per task (column index, the workers' held counts of it) on pool workers
-    (`parallel.Stage`)."""
-
-    runs: list[str]
-    thresholds: Sequence[int]  # per column
-    range_entries: int = RANGE_ENTRIES
-    previous: str = ""  # `--vocab-from`: the processed data whose vocabularies grow ("": none)
-    names: Sequence[str] = ()  # the columns in order (their vocabulary files there)
-
-    def start(self) -> None:
-        """Nothing to prepare."""
-
-    def handle(self, task: tuple[int, list]) -> tuple[pa.Table, int]:
-        """(vocabulary table, distinct values) of one column."""
-        column, held = task
-        previous = read_vocab_table(self.previous, self.names[column]) if self.previous else None
-        return merge_strings(self.runs, column, self.thresholds[column], self.range_entries, previous, held)
-
-    def finish(self) -> None:
-        """Nothing to hand back."""

@@ -17,21 +17,19 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ctrflow.ingest.blockcache import CACHE
 from ctrflow.ingest.counting import SPILL_ENTRIES, Counter
 from ctrflow.ingest.blocks import Block, plan_blocks, read_block
 from ctrflow.ingest.criteo.raw import count_lines, line_starts, parse_block
 from ctrflow.contract.kernels import CpuEngine, dense_inputs
-from ctrflow.ingest.output import part_schema, piece_checksums, write_part
+from ctrflow.ingest.output import VALID, part_schema, piece_checksums, write_splits
 from ctrflow.ingest.parallel import worker_index
 from ctrflow.ingest.split import rows_in_valid
 from ctrflow.contract.schema import LABEL
 from ctrflow.contract.criteo import DENSE, SPARSE, criteo_features
 from ctrflow.contract.vocab import Vocabularies, encode_keys
 
-VALID = "__valid"  # cache column: the row belongs to the validation split
 _KERNELS = CpuEngine()
 _PART_SCHEMA = part_schema(criteo_features(dict.fromkeys(SPARSE, 0)))
 
@@ -186,13 +184,4 @@ class TransformStage:
             codes = cached.column(name).to_numpy()
             ids = self.vocab.columns[name].lookup_codes(codes, uniques[offsets[j]:offsets[j + 1]], other)
             columns[name] = pa.array(ids)
-        written = {}
-        for split, part in parts.items():
-            rows = columns
-            if VALID in names:
-                valid = cached.column(VALID).combine_chunks()
-                keep = valid if split == "valid" else pc.invert(valid)
-                rows = {name: values.filter(keep) for name, values in columns.items()}
-            out = os.path.join(self.data_dir, split, f"part-{part:05d}.parquet")
-            written[split] = write_part(rows, out, self.compression, _PART_SCHEMA)
-        return written
+        return write_splits(columns, cached, parts, self.data_dir, self.compression, _PART_SCHEMA)

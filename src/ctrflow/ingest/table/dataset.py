@@ -23,7 +23,8 @@ from ctrflow.contract.formats.text_rows import BOM, iter_blocks, read_header, sc
 from ctrflow.errors import UserError
 from ctrflow.contract.formats.files import is_gzip
 from ctrflow.ingest.blocks import bytes_per_block
-from ctrflow.ingest.string_counts import StringMergeStage
+from ctrflow.ingest.counting import MergeStage
+from ctrflow.ingest.string_counts import merge_strings
 
 _HEADER_BYTES = 1 << 20
 # Without --chunk-rows: blocks of at most about this much text (Criteo's 131,072 rows are ~31 MB), a
@@ -133,9 +134,9 @@ class TableDataset:
         return max(1, -(-size // max(1, -(-size // BLOCK_BYTES))))
 
     def merge_stage(self, runs: list[str], thresholds: list[int], range_entries: int,
-                    previous: str = "") -> StringMergeStage:
+                    previous: str = "") -> MergeStage:
         """The vocabulary merge of one column per task (`previous`: the processed data it grows, or "")."""
-        return StringMergeStage(runs, thresholds, range_entries, previous, self.description.sparse)
+        return MergeStage(runs, thresholds, range_entries, previous, self.description.sparse, merge_strings)
 
     def transform_stage(self, data_dir: str, compression: str, vocab_dir: str = "",
                         tables=None) -> TableTransformStage:

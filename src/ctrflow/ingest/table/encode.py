@@ -19,8 +19,8 @@ from ctrflow.contract.description import Description
 from ctrflow.contract.features import LABEL
 from ctrflow.contract.lists import Lists, split_lists
 from ctrflow.contract.numbers import transform_dense
+from ctrflow.ingest.output import VALID
 
-VALID = "__valid"  # cache column: the row belongs to the validation split
 
 
 @dataclass

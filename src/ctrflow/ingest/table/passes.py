@@ -13,16 +13,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ctrflow.contract.description import Description
-from ctrflow.ingest.table.encode import VALID, encode_block, lookup_block
+from ctrflow.ingest.table.encode import encode_block, lookup_block
 from ctrflow.contract.formats.parquet_read import ParquetPiece, read_piece
 from ctrflow.contract.formats.text_parse import parse_text_block
 from ctrflow.ingest.blockcache import CACHE
 from ctrflow.errors import UserError
 from ctrflow.ingest.counting import SPILL_ENTRIES
-from ctrflow.ingest.output import checksums_in, part_schema, pieces_of_range, write_part
+from ctrflow.ingest.output import checksums_in, part_schema, pieces_of_range, write_splits
 from ctrflow.ingest.parallel import worker_index
 from ctrflow.ingest.split import rows_in_valid
 from ctrflow.ingest.string_counts import StringCounter
@@ -168,15 +167,4 @@ class TableTransformStage:
         cached, side = CACHE.take(os.path.join(self.data_dir, "cache"), cache_name)
         columns = lookup_block(cached, side, self.description, self.vocab)
         schema = part_schema(self.description.features(dict.fromkeys(self.description.sparse, 0)))
-        written = {}
-        for split, part in parts.items():
-            rows = columns
-            if VALID in cached.column_names:
-                valid = cached.column(VALID).combine_chunks()
-                keep = valid if split == "valid" else pc.invert(valid)
-                mask = keep.to_numpy(zero_copy_only=False)
-                rows = {name: (values.filter(keep) if isinstance(values, pa.Array) else values[mask])
-                        for name, values in columns.items()}
-            out = os.path.join(self.data_dir, split, f"part-{part:05d}.parquet")
-            written[split] = write_part(rows, out, self.compression, schema)
-        return written
+        return write_splits(columns, cached, parts, self.data_dir, self.compression, schema)
