@@ -27,9 +27,9 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 
 from ctrflow.contract.criteo import DENSE, RAW_COLUMNS, SPARSE
-from ctrflow.synth.drift import Drift, check_drift, mix64
+from ctrflow.synth.drift import Drift, mix64
+from ctrflow.synth.report import open_out, track, write_atomic
 from ctrflow.synth.teacher import AucCounter, Teacher, build_teacher, calibrate, code_probabilities, recenter
-from ctrflow.errors import UserError
 
 VERSION = 1
 CHUNK_ROWS = 1 << 16  # rows drawn per random stream; fixed, so bytes depend only on (rows, days, seed)
@@ -197,15 +197,7 @@ def synthesize(out, rows: int, days: int, seed: int, gzip: bool = False, tracker
     The files are raw Criteo format: label, I1..I13, C1..C26, tab-separated, empty = missing. `drift`:
     the share F of values new each day and of the teacher's move (`ctrflow.synth.drift`; 0: none).
     """
-    check_drift(drift)
-    if rows < 1 or days < 1:
-        raise UserError(f"--rows and --days must be at least 1 (got rows={rows}, days={days})")
-    if seed < 0:
-        raise UserError(f"--seed must be non-negative (got {seed})")
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{out}: --out must be a directory, this is a file")
-    out.mkdir(parents=True, exist_ok=True)
+    out = open_out(out, rows, days, seed, drift)
     started = time.perf_counter()
     teacher = make_teacher(seed)
     report = {"version": VERSION, "rows": rows, "days": days, "seed": seed, "gzip": gzip,
@@ -226,14 +218,11 @@ def synthesize(out, rows: int, days: int, seed: int, gzip: bool = False, tracker
         report["teacher_auc"][f"day_{day}"] = round(counter.auc(), 6)
         report["ctr"][f"day_{day}"] = round(counter.ctr(), 6)
     report["params"] = synth_params(teacher)
-    write_json(out / "synth.json", report)
+    write_atomic(out / "synth.json", json.dumps(report, indent=2) + "\n")
     seconds = time.perf_counter() - started
     if tracker is not None:
-        tracker.log_params({"rows": rows, "days": days, "seed": seed, "gzip": gzip, "drift": drift})
-        metrics = {f"teacher_auc_{k}": v for k, v in report["teacher_auc"].items()}
-        metrics.update({f"ctr_{k}": v for k, v in report["ctr"].items()})
-        tracker.log_metrics({**metrics, "rows_per_s": rows * days / seconds})
-        tracker.log_artifact(out / "synth.json")
+        params = {"rows": rows, "days": days, "seed": seed, "gzip": gzip, "drift": drift}
+        track(tracker, params, report, seconds, [out / "synth.json"])
     return {**report, "seconds": seconds}
 
 
@@ -249,10 +238,3 @@ def synth_params(teacher: Teacher) -> dict:
         "teacher": {"kind": "factorization machine", "target_auc": TARGET_AUC, "target_ctr": TARGET_CTR,
                     "lin_scale": teacher.lin_scale, "pair_scale": teacher.pair_scale, "offset": teacher.offset},
     }
-
-
-def write_json(path: Path, content: dict) -> None:
-    """Write JSON atomically (temporary name, then rename)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(content, indent=2) + "\n")
-    os.replace(tmp, path)

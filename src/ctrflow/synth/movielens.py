@@ -27,10 +27,10 @@ import pyarrow.csv as pa_csv
 
 from ctrflow.contract.movielens import (COLUMNS, DESCRIPTION_FILE, GENRE_NAMES, MAX_GENRES, NAME,
                                                     SEPARATOR, description_text)
-from ctrflow.synth.drift import Drift, check_drift
+from ctrflow.synth.drift import Drift
+from ctrflow.synth.report import open_out, track, write_atomic
 from ctrflow.synth.teacher import (AucCounter, Teacher, calibrate, code_probabilities, draw_table, fm_table,
                                       recenter)
-from ctrflow.errors import UserError
 
 VERSION = 1
 CHUNK_ROWS = 1 << 16
@@ -157,15 +157,7 @@ def synthesize(out, rows: int, days: int, seed: int, gzip: bool = False, tracker
     """Write `out/day_{d}.csv[.gz]` for d < days (`rows` rows each), `out/movielens.yaml` (their
     dataset description) and `out/synth.json`; returns synth.json's content. `drift`: the share F of
     users and movies new each day and of the teacher's move (`ctrflow.synth.drift`; 0: none)."""
-    check_drift(drift)
-    if rows < 1 or days < 1:
-        raise UserError(f"--rows and --days must be at least 1 (got rows={rows}, days={days})")
-    if seed < 0:
-        raise UserError(f"--seed must be non-negative (got {seed})")
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{out}: --out must be a directory, this is a file")
-    out.mkdir(parents=True, exist_ok=True)
+    out = open_out(out, rows, days, seed, drift)
     started = time.perf_counter()
     world = World(seed)
     teacher = make_teacher(seed, world)
@@ -190,20 +182,9 @@ def synthesize(out, rows: int, days: int, seed: int, gzip: bool = False, tracker
     write_atomic(out / "synth.json", json.dumps(report, indent=2) + "\n")
     seconds = time.perf_counter() - started
     if tracker is not None:
-        tracker.log_params({"dataset": NAME, "rows": rows, "days": days, "seed": seed, "gzip": gzip, "drift": drift})
-        metrics = {f"teacher_auc_{k}": v for k, v in report["teacher_auc"].items()}
-        metrics.update({f"ctr_{k}": v for k, v in report["ctr"].items()})
-        tracker.log_metrics({**metrics, "rows_per_s": rows * days / seconds})
-        tracker.log_artifact(out / "synth.json")
-        tracker.log_artifact(out / DESCRIPTION_FILE)
+        params = {"dataset": NAME, "rows": rows, "days": days, "seed": seed, "gzip": gzip, "drift": drift}
+        track(tracker, params, report, seconds, [out / "synth.json", out / DESCRIPTION_FILE])
     return {**report, "seconds": seconds}
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` under a temporary name, then rename: a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def synth_params(teacher: Teacher) -> dict:
