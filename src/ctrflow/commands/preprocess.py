@@ -109,7 +109,8 @@ def _import_without_blas_threads() -> None:
 def configure(parser: argparse.ArgumentParser) -> None:
     """Flags of the preprocess step (names are a contract: the step contract in docs/) and its fan-out actions."""
     _import_without_blas_threads()
-    from ctrflow.ingest.run import COMPRESSIONS, DEFAULT_CHUNK_ROWS, DEFAULT_COMPRESSION
+    from ctrflow.ingest.criteo.dataset import DEFAULT_CHUNK_ROWS
+    from ctrflow.ingest.run import COMPRESSIONS, DEFAULT_COMPRESSION
 
     # --train/--out are required for the single run; checked in `run` so that the actions parse
     parser.add_argument("--train", nargs="+", default=[], metavar="FILE",
@@ -167,10 +168,9 @@ def _imports_for(dataset: str | None):
     """A described table's run keeps pandas out of its processes (`without_pandas`); Criteo's passes use it."""
     from contextlib import nullcontext
 
-    from ctrflow.contract.catalog import BUILT_IN
     from ctrflow.ingest.without_pandas import pandas_unavailable
 
-    return nullcontext() if dataset is None or str(dataset) in BUILT_IN else pandas_unavailable()
+    return nullcontext() if dataset is None or str(dataset) == "criteo" else pandas_unavailable()
 
 
 def run(args: argparse.Namespace) -> int:

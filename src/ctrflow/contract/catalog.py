@@ -8,13 +8,16 @@ import os
 from ctrflow.contract.criteo import criteo_description
 from ctrflow.contract.description import Description, load_description
 
-BUILT_IN = ("criteo",)
+# name -> its description; a name here is a `--dataset` value (one without fast paths of its own in
+# `ctrflow.ingest` runs on the described-table engine)
+BUILT_IN = {"criteo": criteo_description}
 
 
 def describe(spec: str | os.PathLike | Description | None = "criteo") -> Description:
-    """The description a `--dataset` value names ("criteo", a YAML/JSON file, or a Description)."""
+    """The description a `--dataset` value names (a built-in name, a YAML/JSON file, or a Description)."""
     if isinstance(spec, Description):
         return spec
-    if spec is None or str(spec) == "criteo":
-        return criteo_description()
+    name = "criteo" if spec is None else str(spec)
+    if name in BUILT_IN:
+        return BUILT_IN[name]()
     return load_description(spec)

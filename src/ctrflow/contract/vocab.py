@@ -7,7 +7,7 @@ holds columns `value` (string) and `count` (int64); row k has id k + 2.
 Criteo's fast path: a value of exactly 8 bytes (8 hex digits) is a uint64 key (its bytes read as
 one little-endian integer, no copy), so counting and lookup are integer operations; any other value
 ("other") takes a slower string path. Any dataset's strings (`encode`) are looked up by hash and
-checked byte for byte (`string_hash.StringIndex`). Every path gives the same ids.
+checked byte for byte (`hashing.StringIndex`). Every path gives the same ids.
 """
 
 from __future__ import annotations

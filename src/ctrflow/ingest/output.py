@@ -18,6 +18,7 @@ import subprocess
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -72,6 +73,20 @@ def write_splits(columns: dict, cached: pa.Table, parts: dict[str, int], data_di
         out = os.path.join(data_dir, split, f"part-{part:05d}.parquet")
         written[split] = write_part(rows, out, compression, schema)
     return written
+
+
+def transform_tasks(records: list[dict], first_parts: dict[str, int]) -> Iterator[tuple[str, dict[str, int]]]:
+    """(cache name, {split: part number}) per block with rows, parts numbered in input order per split."""
+    parts = dict(first_parts)
+    for record in records:
+        if record["cache"] is None:
+            continue
+        task = {}
+        for split in ("train", "valid"):
+            if record["rows"][split]:
+                task[split] = parts[split]
+                parts[split] += 1
+        yield record["cache"], task
 
 
 def _array(values, kind: pa.DataType) -> pa.Array:

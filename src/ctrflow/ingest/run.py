@@ -21,7 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 from ctrflow.errors import UserError
 from ctrflow.ingest.accounting import (account_block, check_rows_written, collect_stats, file_stats, summarize,
@@ -32,12 +32,12 @@ from ctrflow.ingest.engines import check_engine
 from ctrflow.contract.formats.files import expand_inputs, is_gzip
 from ctrflow.ingest.growth import PreviousVocabulary, open_previous
 from ctrflow.ingest.interop import write_hugectr_metadata, write_merlin_schema
-from ctrflow.ingest.output import FileHasher, PieceChecksums, check_out_dir, publish
+from ctrflow.ingest.output import FileHasher, PieceChecksums, check_out_dir, publish, transform_tasks
 from ctrflow.ingest.parallel import WorkerPool, reap
+from ctrflow.ingest.progress import progress_bar
 from ctrflow.contract.vocab import write_vocab
 from ctrflow.contract.schema import DENSE_TRANSFORM, Schema
 
-DEFAULT_CHUNK_ROWS = 1 << 17  # Criteo rows per block and Parquet part: sets memory per worker (~2 KB per row in flight)
 # Parquet compression of the parts. "none" by default: 2.5x cheaper to write than snappy, and the
 # parts are read once per epoch by the loader; "snappy" or "zstd" make files ~2.5x smaller.
 COMPRESSIONS = ("none", "snappy", "zstd", "lz4")
@@ -173,26 +173,6 @@ def _show_progress(progress: bool | None) -> bool:
     return sys.stderr.isatty() and not os.environ.get("CI")
 
 
-class _NoBar:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        return None
-
-    def update(self, n: int) -> None:
-        """Nothing to show."""
-
-
-def _bar(enabled: bool, desc: str, total=None):
-    """A tqdm bar with rows/s on a terminal; nothing otherwise (and no tqdm import)."""
-    if not enabled:
-        return _NoBar()
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit=" rows", unit_scale=True, leave=False)
-
-
 def _run(data, files, tmp: Path, fraction: float, workers: int, on_bad_rows: str, seed: int,
          chunk_rows: int, progress: bool, compression: str, spill_entries: int = SPILL_ENTRIES,
          range_entries: int = RANGE_ENTRIES, engine: str = "cpu", device: str = "cuda",
@@ -258,7 +238,7 @@ def fit_pass(data, fit, files: list[tuple[int, tuple[Path, str]]], tmp: Path, wo
     try:
         if rejected:
             rejected.write("file\tline\treason\traw\n")
-        with _own_pool(pool, workers) as pool, _bar(progress, "fit") as bar:
+        with _own_pool(pool, workers) as pool, progress_bar(progress, "fit") as bar:
             tasks = data.tasks(files, chunk_rows, workers, str(tmp / "runs"))  # gzip tables decompress there
             for result in (r for results in pool.run(fit, tasks, finish=True) for r in results):
                 account_block(result, by_index, per_file, rejected, warnings)
@@ -311,7 +291,7 @@ def transform_pass(data, records: list[dict], tmp: Path, compression: str, worke
     rows = {split: sum(r["rows"][split] for r in records) for split in ("train", "valid")}
     stage = data.transform_stage(str(tmp), compression, vocab_dir, tables)
     with _own_pool(pool, min(workers, max(1, len(tasks)))) as pool, \
-            _bar(progress, "transform", rows["train"] + rows["valid"]) as bar:
+            progress_bar(progress, "transform", rows["train"] + rows["valid"]) as bar:
         for written in pool.run(stage, tasks, route=lambda task: task[2]):
             bar.update(sum(written.values()))
     return rows
@@ -320,18 +300,3 @@ def transform_pass(data, records: list[dict], tmp: Path, compression: str, worke
 def _own_pool(pool: WorkerPool | None, workers: int):
     """`pool` as is (its owner closes it), or a new pool of `workers` closed after the pass."""
     return nullcontext(pool) if pool is not None else WorkerPool(workers)
-
-
-def transform_tasks(records: list[dict], first_parts: dict[str, int]) -> Iterator[tuple[str, dict[str, int]]]:
-    """(cache name, {split: part number}) per block with rows, parts numbered in input order per split."""
-    parts = dict(first_parts)
-    for record in records:
-        if record["cache"] is None:
-            continue
-        task = {}
-        for split in ("train", "valid"):
-            if record["rows"][split]:
-                task[split] = parts[split]
-                parts[split] += 1
-        yield record["cache"], task
-

@@ -1,4 +1,4 @@
-"""The raw Criteo TSV as a dataset of the preprocessing pipeline (`preprocess.run`): its worker stages.
+"""The raw Criteo TSV as a dataset of the preprocessing pipeline (`ingest.run`): its worker stages.
 
 The CPU engine's passes (`passes`) parse the fixed 40-field layout with its fast paths (8-byte keys);
 `--engine gpu` runs `gpu_preprocess` instead. Both give the output `ctrflow preprocess` always gave.
@@ -16,6 +16,8 @@ from ctrflow.ingest.counting import MergeStage
 from ctrflow.contract.formats.files import is_gzip
 from ctrflow.ingest.blocks import bytes_per_block, plan_blocks
 
+DEFAULT_CHUNK_ROWS = 1 << 17  # Criteo rows per block and Parquet part: sets memory per worker (~2 KB per row in flight)
+
 
 class CriteoDataset:
     """What the two-pass pipeline needs of the Criteo TSV (see `ctrflow.ingest.datasets`)."""
@@ -29,8 +31,6 @@ class CriteoDataset:
 
     def chunk_rows(self, requested: int | None) -> int:
         """Rows per block: `requested`, else 131,072."""
-        from ctrflow.ingest.run import DEFAULT_CHUNK_ROWS
-
         return requested or DEFAULT_CHUNK_ROWS
 
     def check_inputs(self, paths: list[Path]) -> None:

@@ -2,7 +2,7 @@
 
 Blocks come back in input order with the same accounting dicts as the CPU engine's fit stage, so
 bad rows stop the run or go to `rejected.tsv` exactly as there; the Parquet parts are numbered as
-the CPU engine numbers them (`preprocess.run.transform_tasks`) and written by a pool of threads.
+the CPU engine numbers them (`output.transform_tasks`) and written by a pool of threads.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from pathlib import Path
 from ctrflow.contract.criteo import DENSE, SPARSE
 from ctrflow.ingest.accounting import account_block, check_rows_written, collect_stats, file_stats
 from ctrflow.ingest.blocks import bytes_per_block
+from ctrflow.ingest.output import transform_tasks
+from ctrflow.ingest.progress import progress_bar
 from ctrflow.ingest.criteo.gpu_engine import GpuEngine, UnsupportedInput, vocabulary_tables, write_parts
 from ctrflow.contract.vocab import write_vocab
 
@@ -23,10 +25,8 @@ __all__ = ["run_gpu", "UnsupportedInput"]
 
 def run_gpu(files, tmp: Path, threshold: int, fraction: float, workers: int, on_bad_rows: str, seed: int,
             chunk_rows: int, progress: bool, compression: str, device: str) -> dict:
-    """Fit, vocabulary and transform on `device`; returns stats as `preprocess._run` does.
+    """Fit, vocabulary and transform on `device`; returns stats as `ingest.run._run` does.
     Raises `UnsupportedInput` (before any part is written) where the CPU engine must run instead."""
-    from ctrflow.ingest.run import _bar
-
     paths = {i: str(p) for i, (p, _) in enumerate(files)}
     engine = GpuEngine(device, paths, {i: s for i, (_, s) in enumerate(files)}, fraction, seed,
                        on_bad_rows == "error", workers)
@@ -35,7 +35,7 @@ def run_gpu(files, tmp: Path, threshold: int, fraction: float, workers: int, on_
     try:
         block_bytes = {i: bytes_per_block(Path(p), chunk_rows) for i, p in paths.items()}
         groups, records = fit_pass(engine, files, tmp, block_bytes, on_bad_rows, per_file, warnings,
-                                   _bar(progress, "fit"))
+                                   progress_bar(progress, "fit"))
     finally:
         engine.reader.close()
     check_rows_written(per_file)
@@ -85,8 +85,6 @@ def fit_pass(engine: GpuEngine, files, tmp: Path, block_bytes: dict[int, int], o
 
 def transform_pass(engine: GpuEngine, groups, records, data_dir: str, compression: str, workers: int) -> dict:
     """Pass 2: ids on the device, parts written by threads (two groups in flight at most); rows per split."""
-    from ctrflow.ingest.run import transform_tasks
-
     tasks = defaultdict(list)
     for (g, k), parts in transform_tasks(records, {"train": 0, "valid": 0}):
         tasks[g].append((k, parts))

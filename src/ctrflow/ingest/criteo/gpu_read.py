@@ -1,6 +1,6 @@
 """Read raw files for the device parser: groups of consecutive blocks, in large host buffers.
 
-A group is a run of the CPU engine's blocks (`criteo.plan_blocks`, same boundaries, so Parquet parts
+A group is a run of the CPU engine's blocks (`blocks.plan_blocks`, same boundaries, so Parquet parts
 and line accounting come out the same) read into one host buffer (pinned when the device is a GPU)
 with several threads, while the previous group is parsed. Gzip files are decompressed on the CPU
 (`plan_blocks`) and their blocks copied into the same buffers.

@@ -5,7 +5,7 @@ Fit: parse a block once, transform its dense and label columns, factorize each c
 codes, and cache the block (`blockcache`: in the worker's memory up to a budget, else Arrow IPC
 files), so the transform pass never parses text again. Transform: look up each block's distinct keys
 once in the vocabulary, gather the ids by code, write Parquet. These are the CPU engine's passes;
-categorify and the dense transform use its numpy kernels (`engines.CpuEngine`).
+categorify and the dense transform use its numpy kernels (`contract.kernels.CpuEngine`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A described table (CSV, TSV or Parquet files) as a dataset of the preprocessing pipeline (`preprocess.run`).
+"""A described table (CSV, TSV or Parquet files) as a dataset of the preprocessing pipeline (`ingest.run`).
 
 Text files are cut into blocks of whole rows here, in the main process (`text_rows`: a quoted field
 may hold a newline); gzip files are first decompressed beside the output (`work_dir/inputs/`), so that
@@ -142,10 +142,6 @@ class TableDataset:
                         tables=None) -> TableTransformStage:
         """Pass 2's stage: cached dictionaries → ids → Parquet parts."""
         return TableTransformStage(self.description, data_dir, compression, vocab_dir, tables)
-
-    def run_gpu(self, *args, **kwargs) -> None:
-        """No gpu engine for tables (refused before any work by `preprocess`)."""
-        return None
 
 
 def _decompress(path: Path, target: Path) -> None:

@@ -2,7 +2,7 @@
 
 Categorical columns arrive dictionary-encoded (the block's distinct values and an index per row), so
 counting is a bincount of the indices and the transform looks up only the dictionary. A multi-hot
-column's distinct texts are split once (`preprocess.lists`): a row keeps an index to its text's list.
+column's distinct texts are split once (`contract.lists`): a row keeps an index to its text's list.
 The cached block: label, transformed dense columns, each sparse column's row indices, the validation
 flag (an Arrow table) beside each column's dictionary (`side`).
 """
