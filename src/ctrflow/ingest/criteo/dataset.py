@@ -65,7 +65,7 @@ class CriteoDataset:
 
     def transform_stage(self, data_dir: str, compression: str, vocab_dir: str = "", tables=None) -> TransformStage:
         """Pass 2's stage: cached keys → ids → Parquet parts."""
-        return TransformStage(data_dir, compression, vocab_dir, tables)
+        return TransformStage(self.description, data_dir, compression, vocab_dir, tables)
 
     def run_gpu(self, files, tmp: Path, fraction: float, workers: int, on_bad_rows: str, seed: int,
                 chunk_rows: int, progress: bool, compression: str, device: str) -> dict | None:

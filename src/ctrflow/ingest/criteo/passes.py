@@ -26,9 +26,10 @@ from ctrflow.contract.kernels import CpuEngine, dense_inputs
 from ctrflow.ingest.output import VALID, part_schema, piece_checksums, write_splits
 from ctrflow.ingest.parallel import worker_index
 from ctrflow.ingest.split import rows_in_valid
+from ctrflow.ingest.table.passes import TableTransformStage
 from ctrflow.contract.schema import LABEL
 from ctrflow.contract.criteo import DENSE, SPARSE, criteo_features
-from ctrflow.contract.vocab import Vocabularies, encode_keys
+from ctrflow.contract.vocab import encode_keys
 
 _KERNELS = CpuEngine()
 _PART_SCHEMA = part_schema(criteo_features(dict.fromkeys(SPARSE, 0)))
@@ -150,26 +151,9 @@ class FitStage:
         return table, np.concatenate(distinct)
 
 
-@dataclass
-class TransformStage:
-    """Pass 2 in a worker: cached keys → ids, one Parquet part per split present in the block."""
-
-    data_dir: str  # holds the cache, and receives train/ and valid/
-    compression: str = "none"
-    vocab_dir: str = ""  # holds vocab/ (default: data_dir)
-    tables: dict[str, pa.Table] | None = None  # the vocabulary tables themselves (then vocab/ is not read)
-    vocab: Vocabularies | None = None
-
-    def start(self) -> None:
-        """Load the vocabularies once per worker (the same loader serving uses)."""
-        if self.tables is not None:
-            self.vocab = Vocabularies.from_tables(self.tables)
-        else:
-            self.vocab = Vocabularies.load(self.vocab_dir or self.data_dir, SPARSE)
-
-    def finish(self) -> None:
-        """Nothing to hand back."""
-        return None
+class TransformStage(TableTransformStage):
+    """Pass 2 in a worker: cached keys → ids, one Parquet part per split present in the block (the
+    described table's stage, `description` Criteo's, with the lookup of factorized 8-byte keys)."""
 
     def handle(self, task: tuple[str, dict[str, int], int | None]) -> dict[str, int]:
         """Write the block's parts (task: cache name, part number per split, worker holding it or None);
