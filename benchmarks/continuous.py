@@ -36,10 +36,10 @@ import torch
 from ctrflow.checkpoint import read_meta, resolve_checkpoint
 from ctrflow.checkpoint.tables import read_model_state
 from ctrflow.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
-from ctrflow.datasets.movielens.synth import synthesize
+from ctrflow.synth.movielens import synthesize
 from ctrflow.evaluate import evaluate
-from ctrflow.preprocess.run import preprocess
-from ctrflow.schema import Schema
+from ctrflow.ingest.run import preprocess
+from ctrflow.contract.schema import Schema
 from ctrflow.train.loop import train
 
 TARGETS = {"vs_scratch": -0.002, "time_share": 1 / 3, "vs_frozen_last": 0.01}

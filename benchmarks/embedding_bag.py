@@ -35,7 +35,7 @@ from torch import nn
 
 from ctrflow.embedding.fused import FusedEmbeddingCollection
 from ctrflow.embedding.tables import tables_for
-from ctrflow.features import Feature
+from ctrflow.contract.features import Feature
 
 HOTNESS = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)  # MLPerf DLRMv2
 MLPERF_ROWS = (40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10, 2209,

@@ -25,7 +25,7 @@ import torch
 
 from ctrflow.loaders.memory import ParquetDataset
 from ctrflow.loaders.scan import ScanLoader
-from ctrflow.schema import Schema
+from ctrflow.contract.schema import Schema
 from ctrflow.loaders.stream_plan import ParquetIndex
 from ctrflow.evaluate import compute_metrics
 from ctrflow.evaluate.scoring import score_batches

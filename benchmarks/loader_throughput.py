@@ -35,12 +35,12 @@ import pyarrow.parquet as pq
 import torch
 
 from ctrflow.loaders.memory import BatchLoader, ParquetDataset
-from ctrflow.schema import LABEL, Schema
-from ctrflow.datasets.criteo.columns import DENSE, SPARSE
+from ctrflow.contract.schema import LABEL, Schema
+from ctrflow.contract.criteo import DENSE, SPARSE
 from ctrflow.loaders.scan import ScanLoader
 from ctrflow.loaders.stream import DEFAULT_WINDOW, StreamLoader
 from ctrflow.loaders.stream_plan import ParquetIndex
-from ctrflow.datasets.criteo.columns import criteo_features
+from ctrflow.contract.criteo import criteo_features
 
 sys.path.insert(0, str(Path(__file__).parent))
 from page_cache import cached_fraction, cold, disk_read  # noqa: E402

@@ -14,7 +14,7 @@ ctrflow's modules are compiled to bytecode first, as an installed package's are)
 third process, `table_ceiling.py`: the same file only parsed and written as Parquet parts, the floor of
 any two-pass preprocessor built on pyarrow.
 
-Synthetic Criteo-format rows (`ctrflow.datasets.criteo.synth`; a plain numpy generator where that is absent)
+Synthetic Criteo-format rows (`ctrflow.synth.criteo`; a plain numpy generator where that is absent)
 are written once to a work directory. Then, in the same run: pyarrow.csv.read_csv of the file
 (all threads, type inference: the "merely parses" rate), and `ctrflow preprocess` end to end
 (fit + transform, raw TSV → Parquet, the library call after imports), best of `--repeats` each; then
@@ -45,9 +45,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
-from ctrflow.preprocess.output import file_digest
-from ctrflow.preprocess.run import preprocess
-from ctrflow.datasets.criteo.columns import DENSE, RAW_COLUMNS, SPARSE
+from ctrflow.ingest.output import file_digest
+from ctrflow.ingest.run import preprocess
+from ctrflow.contract.criteo import DENSE, RAW_COLUMNS, SPARSE
 
 
 def plain_sha256(path: Path) -> str:
@@ -62,11 +62,11 @@ def plain_sha256(path: Path) -> str:
 def write_rows(path: Path, rows: int, seed: int) -> str:
     """A raw TSV of `rows` rows; returns which generator wrote it."""
     try:
-        from ctrflow.datasets.criteo.synth import synthesize
+        from ctrflow.synth.criteo import synthesize
 
         synthesize(path.parent / "synth", rows=rows, days=1, seed=seed)
         os.replace(path.parent / "synth" / "day_0.tsv", path)
-        return "ctrflow.datasets.criteo.synth"
+        return "ctrflow.synth.criteo"
     except ImportError:
         pass
     rng = np.random.default_rng(seed)

@@ -225,7 +225,7 @@ def read_split(data: str, split: str) -> tuple[dict[str, np.ndarray], np.ndarray
     multi-hot ids [N, max_length] (0-padded), in file order."""
     import pyarrow.parquet as pq
 
-    from ctrflow.schema import Schema
+    from ctrflow.contract.schema import Schema
 
     features = Schema.load(data).features
     parts = sorted((Path(data) / split).glob("part-*.parquet"))

@@ -56,9 +56,9 @@ def build_repository(workdir: Path, rows: int, dataset: str) -> tuple[Path, Path
 
 def read_rows(repo: Path, name: str, path: Path, count: int) -> dict[str, list[str]]:
     """The first `count` rows of a raw file, as the text of each raw column the ensemble takes."""
-    from ctrflow.datasets.table.raw import read_raw_rows
-    from ctrflow.preprocess.transform import description_of
-    from ctrflow.schema import Schema
+    from ctrflow.contract.formats.raw import read_raw_rows
+    from ctrflow.contract.transform import description_of
+    from ctrflow.contract.schema import Schema
 
     schema = Schema.load(repo / f"{name}_preprocess" / "1")  # the contract the repository was exported with
     rows: dict[str, list[str]] = {}

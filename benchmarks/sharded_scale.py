@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ctrflow.datasets.criteo.columns import SPARSE
+from ctrflow.contract.criteo import SPARSE
 from ctrflow.embedding.fused import ops
 from ctrflow.embedding.fused.sharded import FusedShardedEmbeddingCollection
 from ctrflow.embedding.optimizers import SparseOptimizer, state_bytes
@@ -52,7 +52,7 @@ from ctrflow.train.distributed import close_runtime, init_runtime
 from ctrflow.accel.graphs import GraphedStep
 from ctrflow.train.loop import train_step
 from ctrflow.train.optim import Optimizers
-from ctrflow.features import Features
+from ctrflow.contract.features import Features
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sharded_parts import (MLPERF_TABLES, device_init, gather, memory_gib, profile_kernels,  # noqa: E402

@@ -32,7 +32,7 @@ from torch import nn
 
 from ctrflow.config import ModelConfig, OptimConfig, TrainConfig
 from ctrflow.loaders.batch import Batch
-from ctrflow.datasets.criteo.columns import SPARSE
+from ctrflow.contract.criteo import SPARSE
 from ctrflow.embedding.fused import FusedEmbeddingCollection
 from ctrflow.embedding.fused.reference import RowwiseAdagrad
 from ctrflow.embedding.tables import tables_for
@@ -44,7 +44,7 @@ from ctrflow.accel.fused import FusedTables
 from ctrflow.accel.graphs import GraphedStep
 from ctrflow.train.loop import train_step
 from ctrflow.train.optim import build_optimizers
-from ctrflow.features import Features
+from ctrflow.contract.features import Features
 
 ARCH = {  # MLPerf shapes; DCNv2: 3 cross layers of rank 512
     "dlrm": {"bottom_mlp": (512, 256), "top_mlp": (1024, 1024, 512, 256)},

@@ -24,7 +24,7 @@ import time
 import torch
 
 from ctrflow.models import build_model
-from ctrflow.features import Features
+from ctrflow.contract.features import Features
 from train_paths import ARCH, PRECISION_OPTIONS, SMALL_ARCH, build_path, precision_of, split_path
 
 MLPERF_TABLES = [39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10, 2208,

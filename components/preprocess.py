@@ -1,5 +1,5 @@
 """`ctrflow preprocess` fanned out per input file: count (each file) -> merge -> transform (each
-file) -> finalize, giving exactly the single-process output (`ctrflow.preprocess.fanout`). No tracking
+file) -> finalize, giving exactly the single-process output (`ctrflow.ingest.fanout`). No tracking
 inputs, so KFP can cache every task; `track_data` logs the result to MLflow."""
 
 from typing import List

@@ -29,7 +29,7 @@ def raw_data(source: str, train_files: str, valid_files: str, raw: Output[Datase
 
     from ctrflow.cli import main
     from ctrflow.errors import UserError
-    from ctrflow.preprocess.files import expand_inputs
+    from ctrflow.contract.formats.files import expand_inputs
 
     def patterns(names: str) -> list:
         return [p.strip() for p in names.split(",") if p.strip()]

@@ -14,9 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ctrflow.errors import UserError
-from ctrflow.features import FIRST_ID
-from ctrflow.preprocess.vocab import Vocabularies, vocab_hash
-from ctrflow.schema import Schema, feature_differences
+from ctrflow.contract.features import FIRST_ID
+from ctrflow.contract.vocab import Vocabularies, vocab_hash
+from ctrflow.contract.schema import Schema, feature_differences
 
 MAX_LINEAGE = 1000  # parents followed at most (a loop of parents is a damaged lineage)
 

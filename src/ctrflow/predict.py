@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import torch
 from torch import nn
 
-from ctrflow.schema import Schema
+from ctrflow.contract.schema import Schema
 from ctrflow.errors import UserError
 from ctrflow.evaluate.metrics import auc
 from ctrflow.serve.ranking import ProbabilityModel
@@ -53,7 +53,7 @@ def _batches(model: nn.Module, dense: np.ndarray, sparse: np.ndarray, batch_size
 
 def score_logits(model: nn.Module, dense: np.ndarray, sparse: np.ndarray, batch_size: int = SCORE_BATCH) -> np.ndarray:
     """Logits [N] float32 of `model` (on any device) on dense [N, num_dense] and sparse [N, slots] ids (the
-    feature contract's batch layout, `ctrflow.features`), in row order."""
+    feature contract's batch layout, `ctrflow.contract.features`), in row order."""
     out = np.empty(len(dense), dtype=np.float32)
     with torch.inference_mode():
         for start, stop, inputs in _batches(model, dense, sparse, batch_size):
@@ -75,11 +75,11 @@ def score(model: nn.Module, dense: np.ndarray, sparse: np.ndarray, batch_size: i
 def transform_file(path: Path, schema, vocab) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
     """(dense, sparse, labels or None) per block of a raw file, through the serving transform.
 
-    The file is read by the description's own reader (`ctrflow.datasets.table.raw`), which checks
+    The file is read by the description's own reader (`ctrflow.contract.formats.raw`), which checks
     every value as preprocessing does and names the file, line and column of a bad one.
     """
-    from ctrflow.datasets.table.raw import read_raw_rows
-    from ctrflow.preprocess.transform import description_of
+    from ctrflow.contract.formats.raw import read_raw_rows
+    from ctrflow.contract.transform import description_of
     from ctrflow.serve.preprocess import transform_columns
 
     for block in read_raw_rows(path, description_of(schema)):
@@ -108,7 +108,7 @@ def predict(checkpoint: str | os.PathLike, data: str | os.PathLike, inputs: Sequ
     `out` (.csv or .parquet) has a `probability` column in input row order, and `label` when
     the inputs carry labels (null for rows of a file without one, or with an empty label).
     """
-    from ctrflow.preprocess.files import expand_inputs
+    from ctrflow.contract.formats.files import expand_inputs
     from ctrflow.serve.preprocess import load_preprocessing
 
     out = Path(out)

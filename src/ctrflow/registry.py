@@ -54,7 +54,7 @@ class RawRowsModel(mlflow.pyfunc.PythonModel):
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         """probability [N] of the N rows of `model_input`; a missing column raises naming it."""
-        from ctrflow.preprocess.transform import description_of
+        from ctrflow.contract.transform import description_of
         from ctrflow.serve.preprocess import transform_columns
         from ctrflow.serve.ranking import probabilities
 

@@ -10,7 +10,7 @@ import torch
 from ctrflow.embedding.collection import EmbeddingCollection
 from ctrflow.embedding.fused import FusedEmbeddingCollection
 from ctrflow.embedding.tables import tables_for
-from ctrflow.features import Features
+from ctrflow.contract.features import Features
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 SIZES = [5000, 3, 70000, 10, 1, 257]

@@ -13,7 +13,7 @@ from torch import nn
 from ctrflow.models import build_model
 from ctrflow.accel.fp8.apply import apply_fp8
 from ctrflow.accel.fp8.linear import E4M3, E5M2, Fp8Linear
-from ctrflow.features import Features
+from ctrflow.contract.features import Features
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")

@@ -12,7 +12,7 @@ from ctrflow.embedding.fused import FusedEmbeddingCollection, bags, ops
 from ctrflow.embedding.fused.reference import RowwiseAdagrad
 from ctrflow.embedding.pooling import slot_scales
 from ctrflow.embedding.tables import tables_for
-from ctrflow.features import Feature, Features
+from ctrflow.contract.features import Feature, Features
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")

@@ -10,7 +10,7 @@ from ctrflow.embedding.collection import EmbeddingCollection
 from ctrflow.embedding.fused import FusedEmbeddingCollection
 from ctrflow.embedding.fused.reference import RowwiseAdagrad
 from ctrflow.embedding.tables import tables_for
-from ctrflow.features import Features
+from ctrflow.contract.features import Features
 
 pytestmark = pytest.mark.gpu
 SIZES = [5000, 3, 70000, 10, 1, 257]

@@ -23,7 +23,7 @@ NAME = "movies"
 @pytest.fixture(scope="module")
 def loop(tmp_path_factory):
     """The three days run in two calls (the third day with --min-gain 1); returns paths and each day's headline."""
-    from ctrflow.datasets.movielens.synth import synthesize
+    from ctrflow.synth.movielens import synthesize
     from ctrflow_pipelines.local import run_days
 
     tmp = tmp_path_factory.mktemp("daily")
@@ -50,7 +50,7 @@ def served_version(repository: Path) -> int:
 
 
 def test_each_day_grows_the_vocabulary_of_the_day_before(loop):
-    from ctrflow.schema import Schema
+    from ctrflow.contract.schema import Schema
 
     runs = [Path(day["run_dir"]) for day in loop["days"]]
     schemas = [Schema.load(run / "preprocess-day" / "data") for run in runs]
@@ -63,7 +63,7 @@ def test_each_day_grows_the_vocabulary_of_the_day_before(loop):
 
 
 def test_warm_start_from_the_champion_and_promotion_on_the_day_holdout(loop):
-    from ctrflow.schema import Schema
+    from ctrflow.contract.schema import Schema
 
     day0, day1, day2 = loop["days"]
     holdout = Schema.load(Path(day2["run_dir"]) / "preprocess-day" / "data").rows["valid"]

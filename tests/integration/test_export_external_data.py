@@ -12,7 +12,7 @@ pytestmark = pytest.mark.integration
 
 def test_weights_beyond_protobuf_limit_go_to_external_data(tmp_path, monkeypatch):
     from ctrflow.cli import main
-    from ctrflow.datasets.criteo.synth import synthesize
+    from ctrflow.synth.criteo import synthesize
     from ctrflow.export import onnx_model
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "none")

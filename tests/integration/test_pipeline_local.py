@@ -75,8 +75,8 @@ def assert_same_as_single_process(run_dir: Path, train: list, valid: list, **opt
     """The pipeline's fan-out output equals `ctrflow preprocess` in one process on the same raw files."""
     import pyarrow.parquet as pq
 
-    from ctrflow.preprocess.run import preprocess
-    from ctrflow.schema import Schema
+    from ctrflow.ingest.run import preprocess
+    from ctrflow.contract.schema import Schema
 
     raw, data = run_dir / "raw-data" / "raw", run_dir / "finalize-data" / "data"
     single = run_dir.parent / f"{run_dir.name}-single"
@@ -129,7 +129,7 @@ def test_movielens_like_dataset_runs_through_the_whole_pipeline(tmp_path):
     import os
 
     from ctrflow_pipelines.local import run_local, summarize_local_run
-    from ctrflow.schema import Schema
+    from ctrflow.contract.schema import Schema
 
     arguments = {"dataset": "movielens-like", "synth_rows": 3000, "synth_days": 2, "seed": 5, "batch_size": 256,
                  "embedding_dim": 8, "max_steps": 6, "model": "deepfm", "export_backend": "python",

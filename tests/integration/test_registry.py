@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from ctrflow.cli import main
-from ctrflow.schema import Schema
+from ctrflow.contract.schema import Schema
 from ctrflow.serve import raw_inputs
 
 mlflow = pytest.importorskip("mlflow")

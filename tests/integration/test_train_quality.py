@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from ctrflow.config import small_config
-from ctrflow.preprocess.run import preprocess
-from ctrflow.datasets.criteo.synth import synthesize
+from ctrflow.ingest.run import preprocess
+from ctrflow.synth.criteo import synthesize
 from ctrflow.train.loop import train
 
 pytestmark = pytest.mark.integration
@@ -42,7 +42,7 @@ def test_every_model_is_above_chance_at_every_step_on_small_data(tmp_path):
     import pyarrow.parquet as pq
 
     from ctrflow.config import DataConfig, ModelConfig, TrainConfig
-    from ctrflow.schema import Schema
+    from ctrflow.contract.schema import Schema
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -22,9 +22,9 @@ import pandas as pd
 import pytest
 
 from ctrflow.cli import main
-from ctrflow.datasets.table.raw import read_raw_rows
-from ctrflow.preprocess.transform import description_of
-from ctrflow.schema import Schema
+from ctrflow.contract.formats.raw import read_raw_rows
+from ctrflow.contract.transform import description_of
+from ctrflow.contract.schema import Schema
 from ctrflow.serve import raw_inputs
 from ctrflow.serve.tritonserver import TritonServer
 

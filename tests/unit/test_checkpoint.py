@@ -9,14 +9,14 @@ import torch
 import torch.nn.functional as F
 
 from ctrflow.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
-from ctrflow.schema import Schema
-from ctrflow.datasets.criteo.columns import SPARSE
+from ctrflow.contract.schema import Schema
+from ctrflow.contract.criteo import SPARSE
 from ctrflow.errors import UserError
 from ctrflow.models import build_model
 from ctrflow.checkpoint import check_schema, load_model, restore_checkpoint, save_checkpoint
 from ctrflow.train.distributed import init_runtime
 from ctrflow.train.optim import build_optimizers
-from ctrflow.datasets.criteo.columns import criteo_features
+from ctrflow.contract.criteo import criteo_features
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests/conftest.py)
 

@@ -8,9 +8,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from ctrflow.preprocess.files import expand_inputs, plan_blocks, read_block
-from ctrflow.datasets.criteo.raw import count_lines, parse_block, parse_integers, read_raw
-from ctrflow.preprocess.vocab import encode_keys, keys_to_strings
+from ctrflow.contract.formats.files import expand_inputs
+from ctrflow.ingest.blocks import plan_blocks, read_block
+from ctrflow.ingest.criteo.raw import count_lines, parse_block, parse_integers, read_raw
+from ctrflow.contract.vocab import encode_keys, keys_to_strings
 from ctrflow.errors import UserError
 
 

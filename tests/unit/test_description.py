@@ -7,11 +7,11 @@ import json
 import pytest
 
 from ctrflow.cli import main
-from ctrflow.datasets.catalog import describe
-from ctrflow.datasets.criteo.columns import DENSE, RAW_COLUMNS, SPARSE
-from ctrflow.datasets.description import Description, load_description
+from ctrflow.contract.catalog import describe
+from ctrflow.contract.criteo import DENSE, RAW_COLUMNS, SPARSE
+from ctrflow.contract.description import Description, load_description
 from ctrflow.errors import UserError
-from ctrflow.preprocess.run import preprocess
+from ctrflow.ingest.run import preprocess
 from tests.fixtures.tables import movie_rows, write_csv, write_description
 
 EXAMPLE = """\

@@ -9,7 +9,7 @@ import pytest
 
 from ctrflow.evaluate import compute_metrics
 from ctrflow.evaluate.metrics import auc, calibration, logloss, roc_curve
-from ctrflow.features import Features
+from ctrflow.contract.features import Features
 
 
 def _pairwise_auc(labels, scores):
@@ -104,8 +104,8 @@ def test_evaluate_refuses_checkpoint_of_other_data(tmp_path, tmp_path_factory, c
     from tests.fixtures.serving import checkpoint, processed_data
 
     from ctrflow.cli import main
-    from ctrflow.datasets.criteo.columns import criteo_features
-    from ctrflow.schema import Schema
+    from ctrflow.contract.criteo import criteo_features
+    from ctrflow.contract.schema import Schema
 
     _, data = processed_data(tmp_path_factory)
     other = tmp_path / "other"

@@ -15,7 +15,7 @@ from ctrflow.accel.fp8.apply import apply_fp8
 from ctrflow.accel.fp8.linear import Fp8Linear, quantize_rows
 from ctrflow.accel.plan import autocast_dtype
 from ctrflow.accel.dense import compile_dense, use_compile
-from ctrflow.features import Features
+from ctrflow.contract.features import Features
 
 
 def dcn() -> nn.Module:

@@ -13,7 +13,7 @@ from ctrflow.models.layers import LowRankCrossNet
 from ctrflow.accel.fp8.apply import apply_fp8
 from ctrflow.accel.fp8.linear import E5M2, Fp8Linear
 from ctrflow.accel.fp8.cross import AbsorbedFp8Linear, Fp8CrossNet, dx0_reference
-from ctrflow.features import Features
+from ctrflow.contract.features import Features
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -10,7 +10,7 @@ from ctrflow.embedding.fused import FusedEmbeddingCollection
 from ctrflow.embedding.fused.reference import RowwiseAdagrad
 from ctrflow.embedding.tables import tables_for
 from ctrflow.errors import UserError
-from ctrflow.features import Features
+from ctrflow.contract.features import Features
 
 SIZES = [50, 3, 700, 10]
 TABLES = tables_for(Features.categorical(dict(zip(["C1", "C2", "C3", "C4"], SIZES))).sparse, 8)
@@ -64,7 +64,7 @@ def test_out_of_range_id_names_the_feature():
 # --- multi-hot bags: the fused collection's torch version against the plain collection --------------------------
 
 from ctrflow.embedding.pooling import pool_bags, slot_scales  # noqa: E402
-from ctrflow.features import Feature  # noqa: E402
+from ctrflow.contract.features import Feature  # noqa: E402
 
 MIXED = Features(dense=(), sparse=(
     Feature("c", "categorical", cardinality=40),

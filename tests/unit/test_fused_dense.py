@@ -8,7 +8,7 @@ from ctrflow.accel.dense import align_linear_inputs
 from ctrflow.accel.interaction import FusedDotInteraction
 from ctrflow.models import build_model
 from ctrflow.models.layers import DotInteraction
-from ctrflow.features import Features
+from ctrflow.contract.features import Features
 
 
 def test_fused_dot_interaction_equals_plain_on_cpu():

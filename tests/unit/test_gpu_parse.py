@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from ctrflow.cli import main
-from ctrflow.datasets.criteo.gpu_parse import Tables, hex_strings, hex_values, parse_lines
-from ctrflow.preprocess.run import preprocess
+from ctrflow.ingest.criteo.gpu_parse import Tables, hex_strings, hex_values, parse_lines
+from ctrflow.ingest.run import preprocess
 from ctrflow.errors import UserError
 from tests.fixtures.preprocess import random_rows, row, write
 from tests.fixtures.preprocess import assert_same_dataset
@@ -121,7 +121,7 @@ def test_hex_keys_round_trip():
 
 
 def test_gpu_engine_output_is_the_same_over_many_groups_and_off_device(tmp_path, monkeypatch):
-    from ctrflow.datasets.criteo import gpu_engine, gpu_read
+    from ctrflow.ingest.criteo import gpu_engine, gpu_read
 
     lines = random_rows(2000, seed=13)
     lines[1500] = row("3")  # a bad row in a later group

@@ -11,13 +11,13 @@ import pytest
 
 from ctrflow.checkpoint import load_model
 from ctrflow.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
-from ctrflow.datasets.movielens.synth import synthesize
+from ctrflow.synth.movielens import synthesize
 from ctrflow.errors import UserError
 from ctrflow.evaluate import evaluate
 from ctrflow.evaluate.holdout import read_as_trained, score_holdout
-from ctrflow.features import Feature, Features
-from ctrflow.preprocess.run import preprocess
-from ctrflow.schema import Schema
+from ctrflow.contract.features import Feature, Features
+from ctrflow.ingest.run import preprocess
+from ctrflow.contract.schema import Schema
 from ctrflow.serve.ranking import save_ranking_model
 from ctrflow.train.loop import train
 

@@ -25,6 +25,10 @@ INFERENCE = ("ctrflow.serve", "ctrflow.predict", "ctrflow.registry", "ctrflow.pr
 SHARDING = ("ctrflow.embedding.sharded", "ctrflow.embedding.comm", "ctrflow.embedding.plan",
             "ctrflow.accel.parallelize")
 DEVICES = ("torch.distributed", "torch.cuda", "triton")
+# what names a dataset: its description, generator and ingestion (the feature contract itself names none)
+DATASETS = ("ctrflow.contract.catalog", "ctrflow.contract.criteo", "ctrflow.contract.movielens",
+            "ctrflow.contract.description", "ctrflow.ingest", "ctrflow.synth")
+DATA = ("ctrflow.contract", "ctrflow.ingest", "ctrflow.synth")
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,7 @@ def offenders(importers: tuple[str, ...], forbidden: tuple[str, ...]) -> list[st
 def test_the_rules_see_every_package():
     modules = {imp.module for imp in IMPORTS}
     for package in ("ctrflow.models.dlrm", "ctrflow.serve.ranking", "ctrflow_pipelines.pipeline",
-                    "ctrflow_components.train", "ctrflow.preprocess.run", "ctrflow.datasets.criteo.synth"):
+                    "ctrflow_components.train", "ctrflow.ingest.run", "ctrflow.synth.criteo"):
         assert package in modules
 
 
@@ -124,12 +128,21 @@ def test_inference_code_never_imports_training():
 
 
 def test_models_know_nothing_of_training_sharding_devices_or_datasets():
-    assert offenders(("ctrflow.models",), ("ctrflow.train", "ctrflow.accel", "ctrflow.datasets", "ctrflow.loaders",
+    assert offenders(("ctrflow.models",), ("ctrflow.train", "ctrflow.accel", *DATASETS, "ctrflow.loaders",
                                            *SHARDING, *DEVICES)) == []
 
 
 def test_data_code_never_imports_models_or_training():
-    assert offenders(("ctrflow.datasets", "ctrflow.preprocess"), ("ctrflow.models", "ctrflow.train")) == []
+    assert offenders(DATA, ("ctrflow.models", "ctrflow.train")) == []
+
+
+def test_the_feature_contract_imports_no_ingestion_or_generator():
+    assert offenders(("ctrflow.contract",), ("ctrflow.ingest", "ctrflow.synth")) == []
+
+
+def test_serving_predict_and_the_registry_read_raw_rows_through_the_contract_only():
+    readers = ("ctrflow.serve", "ctrflow.predict", "ctrflow.registry")
+    assert offenders(readers, ("ctrflow.ingest", "ctrflow.synth")) == []
 
 
 def test_loading_inference_modules_loads_no_training_code():

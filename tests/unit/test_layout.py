@@ -1,5 +1,6 @@
-"""The layout says it: only the Criteo dataset package (`ctrflow/datasets/criteo/`) names Criteo's columns;
-everything else reads the feature contract from schema.json."""
+"""The layout says it: only Criteo's own modules (its description `contract/criteo.py`, its fast paths
+`ingest/criteo/`, its generator `synth/criteo.py`) name Criteo's columns; everything else reads the
+feature contract from schema.json."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import ast
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "ctrflow"
-CRITEO = SRC / "datasets" / "criteo"
+CRITEO = (SRC / "contract" / "criteo.py", SRC / "ingest" / "criteo", SRC / "synth" / "criteo.py")
+CRITEO_MODULES = ("ctrflow.contract.criteo", "ctrflow.ingest.criteo", "ctrflow.synth.criteo")
 CONSTANTS = {"DENSE", "SPARSE", "RAW_COLUMNS", "TEST_COLUMNS"}
 
 
@@ -21,14 +23,17 @@ def criteo_column_imports(text: str, package: str) -> list[str]:
             if node.level:  # relative: resolve against the importing module's package
                 base = package.split(".")[: len(package.split(".")) - node.level + 1]
                 module = ".".join(base + ([module] if module else []))
-            if not module.startswith("ctrflow.datasets.criteo"):
-                continue
             names = {alias.name for alias in node.names}
-            if names & CONSTANTS or (module == "ctrflow.datasets.criteo" and "columns" in names) or "*" in names:
+            if module in ("ctrflow.contract", "ctrflow.synth") and "criteo" in names:
+                found.append(f"{node.lineno}: from {module} import {', '.join(sorted(names))}")
+                continue
+            if not module.startswith(CRITEO_MODULES):
+                continue
+            if names & CONSTANTS or "*" in names:
                 found.append(f"{node.lineno}: from {module} import {', '.join(sorted(names))}")
         elif isinstance(node, ast.Import):
             for alias in node.names:
-                if alias.name == "ctrflow.datasets.criteo.columns":
+                if alias.name.startswith(CRITEO_MODULES):
                     found.append(f"{node.lineno}: import {alias.name}")
     return found
 
@@ -36,25 +41,25 @@ def criteo_column_imports(text: str, package: str) -> list[str]:
 def test_only_the_criteo_package_imports_criteo_columns():
     offenders = {}
     for path in sorted(SRC.rglob("*.py")):
-        if CRITEO in path.parents:
+        if any(path == own or own in path.parents for own in CRITEO):
             continue
         package = ".".join(path.relative_to(SRC.parent).parts[:-1])
         imports = criteo_column_imports(path.read_text(encoding="utf-8"), package)
         if imports:
             offenders[str(path.relative_to(SRC))] = imports
-    assert not offenders, "modules outside datasets/criteo/ import Criteo's columns: " + "; ".join(
+    assert not offenders, "modules other than Criteo's own import Criteo's columns: " + "; ".join(
         f"{name} ({', '.join(lines)})" for name, lines in offenders.items())
 
 
 def test_the_check_finds_every_spelling_of_the_import():
-    flagged = ["from ctrflow.datasets.criteo.columns import DENSE",
-               "from ctrflow.datasets.criteo.parsing import TEST_COLUMNS",
-               "from .criteo.columns import SPARSE, criteo_features",
-               "from ctrflow.datasets.criteo import columns",
-               "import ctrflow.datasets.criteo.columns"]
+    flagged = ["from ctrflow.contract.criteo import DENSE",
+               "from ctrflow.ingest.criteo.parsing import TEST_COLUMNS",
+               "from .criteo import SPARSE, criteo_features",
+               "from ctrflow.contract import criteo",
+               "import ctrflow.contract.criteo"]
     for text in flagged:
-        assert criteo_column_imports(text, "ctrflow.datasets"), text
-    clean = ["from ctrflow.datasets.criteo.columns import criteo_features",
-             "from ctrflow.features import LABEL", "from .description import Description"]
+        assert criteo_column_imports(text, "ctrflow.contract"), text
+    clean = ["from ctrflow.contract.criteo import criteo_features",
+             "from ctrflow.contract.features import LABEL", "from .description import Description"]
     for text in clean:
-        assert not criteo_column_imports(text, "ctrflow.datasets"), text
+        assert not criteo_column_imports(text, "ctrflow.contract"), text

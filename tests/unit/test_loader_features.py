@@ -15,7 +15,7 @@ from ctrflow.loaders.memory import BatchLoader, ParquetDataset
 from ctrflow.loaders.scan import ScanLoader
 from ctrflow.loaders.stream import StreamLoader
 from ctrflow.loaders.stream_plan import ParquetIndex
-from ctrflow.schema import Schema
+from ctrflow.contract.schema import Schema
 from tests.fixtures.multihot import mixed_features, write_mixed
 
 FEATURES = mixed_features(dense=2, categorical=2, multi_hot=2, cardinality=30, max_length=4)
@@ -144,7 +144,7 @@ def test_datasets_without_dense_or_without_sparse_features_load(tmp_path, dense,
 
 
 def test_criteo_shaped_rows_keep_their_160_byte_layout():
-    from ctrflow.datasets.criteo.columns import criteo_features
+    from ctrflow.contract.criteo import criteo_features
 
     layout = RowLayout(criteo_features({f"C{i + 1}": 10 for i in range(26)}))
     assert (layout.words, layout.row_bytes, layout.first_id) == (40, 160, 14)

@@ -7,11 +7,11 @@ import torch
 import torch.nn.functional as F
 
 from ctrflow.config import ModelConfig, OptimConfig
-from ctrflow.datasets.criteo.columns import SPARSE
+from ctrflow.contract.criteo import SPARSE
 from ctrflow.embedding.collection import EmbeddingCollection
 from ctrflow.models import MODELS, build_model, embedding_collections, replace_module
 from ctrflow.train.optim import build_optimizers
-from ctrflow.features import Features
+from ctrflow.contract.features import Features
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests/conftest.py)
 

@@ -8,8 +8,8 @@ import zlib
 
 import pytest
 
-from ctrflow.preprocess import output
-from ctrflow.preprocess.output import file_digest, file_digests
+from ctrflow.ingest import output
+from ctrflow.ingest.output import file_digest, file_digests
 from ctrflow.errors import UserError
 
 

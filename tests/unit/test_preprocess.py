@@ -13,13 +13,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from ctrflow.cli import main
-from ctrflow.preprocess import output
-from ctrflow.preprocess.output import file_digest
-from ctrflow.preprocess.run import preprocess
-from ctrflow.schema import Schema
-from ctrflow.datasets.criteo.columns import DENSE, SPARSE
-from ctrflow.preprocess.transform import transform_raw
-from ctrflow.preprocess.vocab import Vocabularies
+from ctrflow.ingest import output
+from ctrflow.ingest.output import file_digest
+from ctrflow.ingest.run import preprocess
+from ctrflow.contract.schema import Schema
+from ctrflow.contract.criteo import DENSE, SPARSE
+from ctrflow.contract.transform import transform_raw
+from ctrflow.contract.vocab import Vocabularies
 from ctrflow.errors import UserError
 from tests.fixtures.preprocess import random_rows, row, write
 

@@ -11,13 +11,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-import ctrflow.preprocess.run as preprocess_module
-from ctrflow.preprocess.parallel import WorkerPool, worker_index
-from ctrflow.datasets.criteo.parsing import parse_block
-from ctrflow.preprocess.run import preprocess
-from ctrflow.datasets.criteo.columns import DENSE, SPARSE
-from ctrflow.preprocess.transform import transform_raw
-from ctrflow.preprocess.vocab import Vocabularies, encode_keys
+import ctrflow.ingest.run as preprocess_module
+from ctrflow.ingest.parallel import WorkerPool, worker_index
+from ctrflow.ingest.criteo.parsing import parse_block
+from ctrflow.ingest.run import preprocess
+from ctrflow.contract.criteo import DENSE, SPARSE
+from ctrflow.contract.transform import transform_raw
+from ctrflow.contract.vocab import Vocabularies, encode_keys
 from ctrflow.errors import UserError
 from tests.fixtures.preprocess import random_rows, row, write
 

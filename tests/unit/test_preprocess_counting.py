@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from ctrflow.preprocess.counting import Counter, merge_vocabulary, mix, unmix
-from ctrflow.preprocess.vocab import encode_keys
+from ctrflow.ingest.counting import Counter, merge_vocabulary, mix, unmix
+from ctrflow.contract.vocab import encode_keys
 
 
 def test_mix_is_a_bijection():

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from ctrflow.cli import main
-from ctrflow.preprocess.run import preprocess
+from ctrflow.ingest.run import preprocess
 from ctrflow.errors import UserError
 from tests.fixtures.preprocess import random_rows, row, write
 from tests.fixtures.preprocess import assert_same_dataset
@@ -36,7 +36,7 @@ def test_an_unknown_engine_is_a_one_line_error(tmp_path, capsys, engine, message
 
 
 def test_vocab_lookup_gives_ids_oov_and_missing():
-    from ctrflow.preprocess.vocab import ColumnVocab, encode_keys
+    from ctrflow.contract.vocab import ColumnVocab, encode_keys
 
     vocab = ColumnVocab("C1", pa.array(["aaaaaaaa", "xyz", "bbbbbbbb"]), np.array([5, 4, 3]))
     values = pa.array(["bbbbbbbb", "", "xyz", "zzzzzzzz", "aaaaaaaa", "q"])
@@ -44,7 +44,7 @@ def test_vocab_lookup_gives_ids_oov_and_missing():
 
 
 def test_encode_keys_reads_sliced_and_chunked_strings():
-    from ctrflow.preprocess.vocab import encode_keys
+    from ctrflow.contract.vocab import encode_keys
 
     values = ["abcdef01", "", "xyz", "0123abcd", "q", "\x00" * 8, "ffffffff", ""]
     whole_keys, whole_other = encode_keys(pa.array(values))

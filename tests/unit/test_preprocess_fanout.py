@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ctrflow.cli import main
-from ctrflow.preprocess.run import preprocess
+from ctrflow.ingest.run import preprocess
 from tests.fixtures.preprocess import random_rows, row, write
 from tests.fixtures.preprocess import assert_same_dataset
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format
 
-from ctrflow.preprocess.run import preprocess
-from ctrflow.schema import Schema
-from ctrflow.datasets.criteo.columns import DENSE, SPARSE
+from ctrflow.ingest.run import preprocess
+from ctrflow.contract.schema import Schema
+from ctrflow.contract.criteo import DENSE, SPARSE
 from tests.fixtures.preprocess import random_rows, write
 
 _FIELDS = {  # the subset of tensorflow_metadata's schema.proto that Merlin writes for tabular columns

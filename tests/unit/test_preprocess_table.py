@@ -14,8 +14,8 @@ import pytest
 
 from ctrflow.cli import main
 from ctrflow.errors import UserError
-from ctrflow.preprocess.run import preprocess
-from ctrflow.schema import Schema
+from ctrflow.ingest.run import preprocess
+from ctrflow.contract.schema import Schema
 from tests.fixtures.tables import movie_rows, read_split, write_csv, write_description, write_parquet
 
 
@@ -88,7 +88,7 @@ def test_csv_tsv_parquet_and_gzip_inputs_give_the_same_dataset(tmp_path):
 
 
 def test_output_is_the_same_for_any_workers_and_chunk_size(tmp_path, monkeypatch):
-    from ctrflow.preprocess import output
+    from ctrflow.ingest import output
 
     monkeypatch.setattr(output, "PIECE_BYTES", 1024)  # the input digest's pieces then straddle the blocks
     rows = movie_rows(500, seed=3)
@@ -246,7 +246,7 @@ def test_the_gpu_engine_refuses_a_described_table(tmp_path, capsys):
 def test_criteo_rows_described_as_a_table_match_the_criteo_engine(tmp_path):
     from tests.fixtures.preprocess import random_rows, write
 
-    from ctrflow.datasets.catalog import describe
+    from ctrflow.contract.catalog import describe
 
     src = write(tmp_path / "in.tsv", random_rows(600, seed=11))
     described = tmp_path / "criteo.json"

@@ -10,7 +10,7 @@ import torch
 from ctrflow.embedding.plan import ShardingPlan, plan_sharding, read_plan_overrides
 from ctrflow.embedding.tables import TableConfig, check_ids, tables_for
 from ctrflow.errors import UserError
-from ctrflow.features import Features
+from ctrflow.contract.features import Features
 
 # MLPerf Criteo-1TB DLRM table sizes (40M-capped)
 MLPERF_ROWS = [39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10, 2208,

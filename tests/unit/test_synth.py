@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from ctrflow.cli import main
-from ctrflow.datasets.criteo.columns import RAW_COLUMNS, SPARSE
-from ctrflow.datasets.criteo.synth import MISSING_GROUPS, column_keys, hex_column, synthesize
-from ctrflow.datasets.teacher import AucCounter, CODES
+from ctrflow.contract.criteo import RAW_COLUMNS, SPARSE
+from ctrflow.synth.criteo import MISSING_GROUPS, column_keys, hex_column, synthesize
+from ctrflow.synth.teacher import AucCounter, CODES
 
 ROWS = 20_000
 HEX8 = re.compile(r"[0-9a-f]{8}")
@@ -169,7 +169,7 @@ def movielens(tmp_path_factory):
     """Two movielens-like days of 20k rows, seed 0, with their report."""
     import pyarrow.csv as pa_csv
 
-    from ctrflow.datasets.movielens.synth import synthesize as synthesize_movielens
+    from ctrflow.synth.movielens import synthesize as synthesize_movielens
 
     out = tmp_path_factory.mktemp("movielens")
     report = synthesize_movielens(out, ML_ROWS, 2, seed=0)
@@ -180,7 +180,7 @@ def movielens(tmp_path_factory):
 
 
 def test_movielens_same_seed_same_bytes_other_seed_other_rows(tmp_path, movielens):
-    from ctrflow.datasets.movielens.synth import synthesize as synthesize_movielens
+    from ctrflow.synth.movielens import synthesize as synthesize_movielens
 
     out, _, _ = movielens
     synthesize_movielens(tmp_path / "again", ML_ROWS, 2, seed=0)
@@ -193,7 +193,7 @@ def test_movielens_same_seed_same_bytes_other_seed_other_rows(tmp_path, movielen
 def test_movielens_rows_are_the_csv_its_description_describes(movielens):
     import yaml
 
-    from ctrflow.datasets.movielens import description
+    from ctrflow.contract.movielens import description
 
     out, _, days = movielens
     described = yaml.safe_load((out / "movielens.yaml").read_text())
@@ -244,7 +244,7 @@ def test_movielens_teacher_auc_and_like_rate_in_range(movielens):
 
 
 def test_teacher_bags_add_every_value_and_empty_bags_take_the_missing_row():
-    from ctrflow.datasets.teacher import Teacher, fm_table
+    from ctrflow.synth.teacher import Teacher, fm_table
 
     rng = np.random.default_rng(1)
     bag = fm_table(rng.standard_normal(5), rng.standard_normal((5, 4))).astype(np.float32)

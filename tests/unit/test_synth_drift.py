@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 
 from ctrflow.cli import main
-from ctrflow.datasets.criteo.synth import synthesize as criteo_synthesize
-from ctrflow.datasets.drift import Drift
-from ctrflow.datasets.movielens.synth import ITEMS, USERS, synthesize as movielens_synthesize
+from ctrflow.synth.criteo import synthesize as criteo_synthesize
+from ctrflow.synth.drift import Drift
+from ctrflow.synth.movielens import ITEMS, USERS, synthesize as movielens_synthesize
 
 # sha256 of the day files of `--rows 3000 --days 2 --seed 5`, as written before `--drift` existed
 GOLDEN = {
@@ -82,7 +82,7 @@ def test_criteo_values_renew(tmp_path):
 
 
 def test_drift_renews_head_rows_of_the_teacher_and_moves_the_rest():
-    from ctrflow.datasets.movielens.synth import World, draw_teacher, make_teacher
+    from ctrflow.synth.movielens import World, draw_teacher, make_teacher
 
     teacher = make_teacher(0, World(0))
     drift = Drift(0.25, 0)

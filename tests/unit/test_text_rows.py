@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pytest
 
-from ctrflow.datasets.table.text_rows import Dialect, find_records, iter_blocks, read_header, scan_quotes
+from ctrflow.contract.formats.text_rows import Dialect, find_records, iter_blocks, read_header, scan_quotes
 
 DIALECT = Dialect(b",", b'"')
 
@@ -73,7 +73,7 @@ def test_the_header_may_hold_quotes_and_a_byte_order_mark():
 
 
 def test_blocks_cut_while_scanning_survive_a_late_stray_quote(monkeypatch):
-    from ctrflow.datasets.table import text_rows
+    from ctrflow.contract.formats import text_rows
 
     monkeypatch.setattr(text_rows, "_PIECE_BYTES", 256)  # quotes counted per piece: many pieces
     data, rows, _ = random_csv(600, seed=3)

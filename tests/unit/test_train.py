@@ -15,7 +15,7 @@ from ctrflow.config import DataConfig, TrainConfig
 from ctrflow.errors import UserError
 from ctrflow.checkpoint import load_model, resolve_checkpoint
 from ctrflow.train.loop import train
-from ctrflow.features import Features
+from ctrflow.contract.features import Features
 from tests.fixtures.training import write_processed
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests/conftest.py)

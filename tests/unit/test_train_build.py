@@ -18,7 +18,7 @@ from ctrflow.embedding.fused import FusedEmbeddingCollection
 from ctrflow.accel.dense import AlignedLinear
 from ctrflow.accel.interaction import FusedDotInteraction
 from ctrflow.checkpoint import load_model, resolve_checkpoint
-from ctrflow.features import Features
+from ctrflow.contract.features import Features
 from ctrflow.models import build_model
 from ctrflow.tracking import Tracker
 from ctrflow.accel.accelerate import accelerate

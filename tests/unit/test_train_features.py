@@ -16,7 +16,7 @@ from ctrflow.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
 from ctrflow.evaluate import evaluate
 from ctrflow.loaders.memory import ParquetDataset
 from ctrflow.predict import score, score_logits
-from ctrflow.schema import Schema
+from ctrflow.contract.schema import Schema
 from ctrflow.train.loop import train
 from tests.fixtures.multihot import mixed_features, write_mixed
 

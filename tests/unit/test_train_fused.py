@@ -18,7 +18,7 @@ from ctrflow.checkpoint import load_model, resolve_checkpoint
 from ctrflow.checkpoint.tables import read_model_state, read_optimizer_state
 from ctrflow.train.distributed import Runtime
 from ctrflow.train.loop import train
-from ctrflow.features import Features
+from ctrflow.contract.features import Features
 from tests.fixtures.training import write_processed
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests/conftest.py)

@@ -8,12 +8,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from ctrflow.datasets.table.raw import read_raw_rows
+from ctrflow.contract.formats.raw import read_raw_rows
 from ctrflow.errors import UserError
-from ctrflow.preprocess.run import preprocess
-from ctrflow.preprocess.transform import description_of, transform_raw
-from ctrflow.preprocess.vocab import Vocabularies, load_vocabularies
-from ctrflow.schema import Schema
+from ctrflow.ingest.run import preprocess
+from ctrflow.contract.transform import description_of, transform_raw
+from ctrflow.contract.vocab import Vocabularies, load_vocabularies
+from ctrflow.contract.schema import Schema
 from tests.fixtures.tables import movie_rows, read_split, write_csv, write_description, write_parquet
 
 
@@ -96,7 +96,7 @@ def test_the_raw_reader_feeds_transform_raw_for_csv_gzip_and_parquet(movies, tmp
 
 def _as_parquet(raw: dict):
     """The same description, reading Parquet."""
-    from ctrflow.datasets.description import Description
+    from ctrflow.contract.description import Description
 
     kept = {k: v for k, v in raw.items() if k not in ("header", "delimiter", "quote", "columns")}
     return Description.from_dict({**kept, "format": "parquet"})
@@ -119,7 +119,7 @@ def test_the_raw_reader_reads_files_without_the_label_and_names_bad_lines(movies
 def test_criteo_serving_still_equals_criteo_preprocessing(tmp_path):
     from tests.fixtures.preprocess import random_rows, row, write
 
-    from ctrflow.datasets.criteo.columns import DENSE, SPARSE
+    from ctrflow.contract.criteo import DENSE, SPARSE
 
     lines = random_rows(200, seed=4) + [row("0", {"I2": "-7", "I9": "123456789012"}, {"C5": "odd value"})] * 3
     out = tmp_path / "out"

@@ -17,7 +17,7 @@ pytest.importorskip("optuna")
 
 from ctrflow.cli import main  # noqa: E402
 from ctrflow.config import DataConfig, TrainConfig  # noqa: E402
-from ctrflow.schema import Schema  # noqa: E402
+from ctrflow.contract.schema import Schema  # noqa: E402
 from ctrflow.processes import process_alive  # noqa: E402
 from ctrflow.tune.trial import TrialProcess, slot_env, trial_config  # noqa: E402
 from tests.fixtures.training import write_processed  # noqa: E402

@@ -10,10 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from ctrflow.errors import UserError
-from ctrflow.features import Feature, Features
+from ctrflow.contract.features import Feature, Features
 from ctrflow.loaders.memory import ParquetDataset
-from ctrflow.preprocess.vocab import vocab_hash
-from ctrflow.schema import LABEL, Schema
+from ctrflow.contract.vocab import vocab_hash
+from ctrflow.contract.schema import LABEL, Schema
 from ctrflow.tune.view import VIEW_FILE, threshold_view
 
 NAMES = [f"C{i}" for i in range(1, 27)]  # C26 multi-hot; C2 has a threshold of its own

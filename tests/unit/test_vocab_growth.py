@@ -10,10 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from ctrflow.cli import main
-from ctrflow.datasets.criteo.columns import SPARSE
+from ctrflow.contract.criteo import SPARSE
 from ctrflow.errors import UserError
-from ctrflow.preprocess.run import preprocess
-from ctrflow.schema import Schema
+from ctrflow.ingest.run import preprocess
+from ctrflow.contract.schema import Schema
 from tests.fixtures.tables import movie_rows, write_csv, write_description
 from tests.fixtures.preprocess import random_rows, row, write
 

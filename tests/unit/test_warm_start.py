@@ -20,8 +20,8 @@ from ctrflow.cli import main
 from ctrflow.config import ModelConfig, OptimConfig
 from ctrflow.errors import UserError
 from ctrflow.models import build_model, embedding_collections
-from ctrflow.preprocess.run import preprocess
-from ctrflow.schema import Schema
+from ctrflow.ingest.run import preprocess
+from ctrflow.contract.schema import Schema
 from ctrflow.lineage import check_descendant
 from ctrflow.train.loop import train
 from tests.fixtures.tables import read_split

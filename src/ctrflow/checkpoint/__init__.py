@@ -37,7 +37,7 @@ from torch import nn
 from ctrflow.config import TrainConfig
 from ctrflow.errors import UserError
 from ctrflow.models import build_model, embedding_collections
-from ctrflow.schema import Schema
+from ctrflow.contract.schema import Schema
 from ctrflow.checkpoint.tables import read_model_state, read_optimizer_state, save_hashed, write_tables
 
 if TYPE_CHECKING:  # writing needs a training run's objects; reading (serving, predict) never imports train/

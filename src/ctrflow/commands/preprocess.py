@@ -1,9 +1,9 @@
 """`ctrflow preprocess`: raw rows (plain or gzip, globs) → Parquet + schema + vocabularies.
 
 `--dataset criteo` (the default) reads the raw Criteo TSV; `--dataset FILE` a CSV, TSV or Parquet table
-described by a YAML or JSON file (`ctrflow.datasets.description`). `ctrflow preprocess --train ... --out
+described by a YAML or JSON file (`ctrflow.contract.description`). `ctrflow preprocess --train ... --out
 DIR` does everything in one process tree. For many machines the same work is split per input file
-(`ctrflow.preprocess.fanout`): `count` (each file; it takes `--dataset`) → `merge` → `transform` (each file)
+(`ctrflow.ingest.fanout`): `count` (each file; it takes `--dataset`) → `merge` → `transform` (each file)
 → `finalize`, with the same output; the per-file steps run the CPU engine whatever `--engine` says.
 `--vocab-from PREV_DATA_DIR` (the single run, or `merge`) grows an earlier output's vocabularies.
 """
@@ -52,7 +52,7 @@ def _file_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _configure_actions(parser: argparse.ArgumentParser) -> None:
-    from ctrflow.preprocess.run import COMPRESSIONS, DEFAULT_COMPRESSION
+    from ctrflow.ingest.run import COMPRESSIONS, DEFAULT_COMPRESSION
 
     actions = parser.add_subparsers(dest="action", metavar="[count|merge|transform|finalize]")
     count = actions.add_parser("count", help=ACTIONS["count"], description=ACTIONS["count"])
@@ -100,7 +100,7 @@ def _import_without_blas_threads() -> None:
     before = os.environ.get(name)
     os.environ.setdefault(name, "1")
     try:
-        import ctrflow.preprocess.run  # noqa: F401
+        import ctrflow.ingest.run  # noqa: F401
     finally:
         if before is None:
             os.environ.pop(name, None)
@@ -109,7 +109,8 @@ def _import_without_blas_threads() -> None:
 def configure(parser: argparse.ArgumentParser) -> None:
     """Flags of the preprocess step (names are a contract: the step contract in docs/) and its fan-out actions."""
     _import_without_blas_threads()
-    from ctrflow.preprocess.run import COMPRESSIONS, DEFAULT_CHUNK_ROWS, DEFAULT_COMPRESSION
+    from ctrflow.ingest.criteo.dataset import DEFAULT_CHUNK_ROWS
+    from ctrflow.ingest.run import COMPRESSIONS, DEFAULT_COMPRESSION
 
     # --train/--out are required for the single run; checked in `run` so that the actions parse
     parser.add_argument("--train", nargs="+", default=[], metavar="FILE",
@@ -142,8 +143,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_action(args: argparse.Namespace) -> dict:
-    from ctrflow.preprocess import fanout
-    from ctrflow.preprocess.engines import check_engine
+    from ctrflow.ingest import fanout
+    from ctrflow.ingest.engines import check_engine
 
     if args.action in ("count", "transform"):
         check_engine(args.engine)  # either engine: these steps run the CPU engine's passes (same output)
@@ -167,15 +168,14 @@ def _imports_for(dataset: str | None):
     """A described table's run keeps pandas out of its processes (`without_pandas`); Criteo's passes use it."""
     from contextlib import nullcontext
 
-    from ctrflow.datasets.catalog import BUILT_IN
-    from ctrflow.preprocess.without_pandas import pandas_unavailable
+    from ctrflow.ingest.without_pandas import pandas_unavailable
 
-    return nullcontext() if dataset is None or str(dataset) in BUILT_IN else pandas_unavailable()
+    return nullcontext() if dataset is None or str(dataset) == "criteo" else pandas_unavailable()
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the step (or one fan-out action); prints a one-line JSON summary."""
-    from ctrflow.preprocess.run import preprocess
+    from ctrflow.ingest.run import preprocess
 
     if getattr(args, "action", None):
         summary = _run_action(args)

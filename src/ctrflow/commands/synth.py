@@ -3,7 +3,7 @@
 `--dataset criteo` (the default): raw Criteo TSV (`day_N.tsv`). `--dataset movielens-like`: CSV of
 users, movies, a multi-hot genre list, an age and a price (`day_N.csv`), with its dataset
 description `movielens.yaml` beside it for `ctrflow preprocess --dataset`. `--drift F` makes days that
-drift (`ctrflow.datasets.drift`): new values every day and a moving teacher.
+drift (`ctrflow.synth.drift`): new values every day and a moving teacher.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def synthesizer(dataset: str):
     """The `synthesize(out, rows, days, seed, gzip, tracker, drift)` of `dataset`; UserError naming the choices."""
     if dataset == "criteo":
-        from ctrflow.datasets.criteo.synth import synthesize
+        from ctrflow.synth.criteo import synthesize
     elif dataset == "movielens-like":
-        from ctrflow.datasets.movielens.synth import synthesize
+        from ctrflow.synth.movielens import synthesize
     else:
         raise UserError(f"--dataset {dataset!r}: expected one of {', '.join(DATASETS)}")
     return synthesize

@@ -33,7 +33,7 @@ import torch
 
 from ctrflow.embedding.pooling import is_one_hot
 from ctrflow.embedding.tables import TableConfig, check_ids
-from ctrflow.features import PADDING_ID
+from ctrflow.contract.features import PADDING_ID
 
 
 def is_bag(table: TableConfig) -> bool:

@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 
 from ctrflow.embedding.tables import TableConfig
-from ctrflow.features import PADDING_ID
+from ctrflow.contract.features import PADDING_ID
 
 
 def slot_count(tables: Sequence[TableConfig]) -> int:

@@ -31,7 +31,7 @@ class TableConfig:
 
 def tables_for(features, dim: int, prefix: str = "t", init: str = "uniform",
                init_scale: float = 1.0) -> list[TableConfig]:
-    """One table per sparse feature (`ctrflow.features.Feature`), sized by its cardinality."""
+    """One table per sparse feature (`ctrflow.contract.features.Feature`), sized by its cardinality."""
     return [TableConfig(f"{prefix}_{f.name}", int(f.cardinality), dim, f.name, f.width,
                         f.pooling if f.kind == "multi_hot" else None, init, init_scale) for f in features]
 

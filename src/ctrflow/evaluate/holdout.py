@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from ctrflow.evaluate.metrics import auc
-from ctrflow.features import OOV_ID, Features
+from ctrflow.contract.features import OOV_ID, Features
 from ctrflow.lineage import check_descendant
-from ctrflow.schema import Schema
+from ctrflow.contract.schema import Schema
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,8 @@ from ctrflow.errors import UserError
 from ctrflow.export import triton
 from ctrflow.export.delta import DELTA_DIR, compute_delta, write_delta
 from ctrflow.export.versions import drop_unfinished, leaf_models, prune_versions, replace_file, served_version
-from ctrflow.features import Features
-from ctrflow.schema import Schema
+from ctrflow.contract.features import Features
+from ctrflow.contract.schema import Schema
 
 INSTANCE_KIND_NAMES = {kind: name for name, kind in triton.INSTANCE_KINDS.items()}
 SHAPE_ONLY = ("dropout",)  # architecture settings that leave the weights' shapes alone

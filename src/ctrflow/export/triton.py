@@ -22,7 +22,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
 from ctrflow.errors import UserError
-from ctrflow.features import Features
+from ctrflow.contract.features import Features
 from ctrflow.serve import model_inputs, raw_inputs
 
 VERSION = "1"  # the first version of every model; the ensemble's only one (its folder stays empty)

@@ -10,7 +10,7 @@ import torch
 @dataclass
 class Batch:
     """`dense` [B, num_dense] float32, `sparse` [B, slots] int64 ids (each sparse feature's `width`
-    slots in feature order: `ctrflow.features`), `labels` [B] float32. Criteo: [B, 13] and [B, 26]."""
+    slots in feature order: `ctrflow.contract.features`), `labels` [B] float32. Criteo: [B, 13] and [B, 26]."""
 
     dense: torch.Tensor
     sparse: torch.Tensor

@@ -1,6 +1,6 @@
 """Where each feature lives in a loaded row, and how processed Parquet columns become arrays.
 
-A row is 1 + num_dense + slots 32-bit words (the feature contract, `ctrflow.features`): the label
+A row is 1 + num_dense + slots 32-bit words (the feature contract, `ctrflow.contract.features`): the label
 (float32), one float32 word per dense feature, then the sparse ids (int32) with each sparse feature
 taking `width` consecutive slots (1 for categorical, `max_length` for multi-hot), in feature order.
 For Criteo that is 1 + 13 + 26 = 40 words, 160 bytes. The streaming loader's windows hold rows in
@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from ctrflow.errors import UserError
-from ctrflow.features import LABEL, Features
+from ctrflow.contract.features import LABEL, Features
 
 INT32_LIMIT = 1 << 31  # ids are held as int32 words: anything outside [-2^31, 2^31) would be truncated
 
@@ -82,7 +82,7 @@ class RowLayout:
 
 def read_features(data_dir: str | os.PathLike) -> Features:
     """The feature contract of a processed dataset: `data_dir/schema.json`'s features."""
-    from ctrflow.schema import Schema
+    from ctrflow.contract.schema import Schema
 
     return Schema.load(Path(data_dir) / "schema.json").features
 

@@ -30,7 +30,7 @@ from ctrflow.loaders.batch import Batch
 from ctrflow.loaders.layout import (RowLayout, bad_id_message, check_columns, column_values, first_bad_ids,
                                     read_features)
 from ctrflow.errors import UserError
-from ctrflow.features import Feature, Features
+from ctrflow.contract.features import Feature, Features
 
 
 class ParquetDataset:

@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from ctrflow.errors import UserError
-from ctrflow.features import Features
+from ctrflow.contract.features import Features
 from ctrflow.loaders.layout import RowLayout, check_columns, column_values, read_features
 
 

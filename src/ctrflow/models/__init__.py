@@ -1,7 +1,7 @@
 """Ranking models: DLRM, DCNv2, DeepFM, Wide&Deep, each registered by its own file.
 
 Every model maps `dense` [B, num_dense] float32 and `sparse` [B, slots] int ids (the feature
-contract, `ctrflow.features`) to logits [B] and is a `RankingModel`, a composition of named parts:
+contract, `ctrflow.contract.features`) to logits [B] and is a `RankingModel`, a composition of named parts:
 `dense_arch` -> `embeddings` -> `interaction` -> `over_arch` (`ctrflow.models.base`).
 Models know nothing of devices, processes, sharding, the loss or any dataset.
 
@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ctrflow.embedding.collection import EmbeddingCollection
-from ctrflow.features import Features
+from ctrflow.contract.features import Features
 # the registration lines: each file registers its model, in the order `--model` lists them
 from ctrflow.models import dlrm, dcnv2, deepfm, wide_deep  # noqa: F401, I001
 from ctrflow.models.base import RankingModel
@@ -51,7 +51,7 @@ def build_model(name: str, features: Features, embedding_dim: int = 16, seed: in
     settings = spec.config(**{k: tuple(v) if isinstance(v, list) else v for k, v in arch.items() if k in own})
     features = getattr(features, "features", features)  # a Schema carries its features
     if not isinstance(features, Features):
-        raise TypeError(f"build_model takes the feature contract (ctrflow.features.Features), got {type(features)}")
+        raise TypeError(f"build_model takes the feature contract (ctrflow.contract.features.Features), got {type(features)}")
     # dense layers draw from the global generator: fork it so building a model has no side effect
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

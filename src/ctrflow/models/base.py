@@ -1,7 +1,7 @@
 """`RankingModel`: the parts every ranking model is made of, and the contract faster paths rely on.
 
 A ranking model maps `dense` [B, num_dense] float32 and `sparse` [B, slots] int ids (the feature
-contract, `ctrflow.features`) to logits [B] through named parts:
+contract, `ctrflow.contract.features`) to logits [B] through named parts:
 
 - `dense_arch`: an `MLP` from the dense features to one vector [B, D] (None without dense features,
   or where the model reads the dense features directly: Wide&Deep);
@@ -27,7 +27,7 @@ from torch import nn
 
 from ctrflow.embedding.collection import EmbeddingCollection
 from ctrflow.embedding.tables import tables_for
-from ctrflow.features import Features
+from ctrflow.contract.features import Features
 from ctrflow.models.layers import MLP
 
 # the tables' uniform(+-1/sqrt(rows)) draw times this (`ModelConfig.embedding_init_scale`, the same default)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ctrflow.features import Features
+from ctrflow.contract.features import Features
 from ctrflow.models.base import EMBEDDING_INIT_SCALE, RankingModel
 from ctrflow.models.layers import MLP, FactorizationMachine
 from ctrflow.models.spec import register

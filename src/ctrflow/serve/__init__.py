@@ -16,7 +16,7 @@ from __future__ import annotations
 def raw_inputs(features) -> tuple[str, ...]:
     """The raw columns a model reads, in order: one BYTES input of the served ensemble each.
 
-    `features` is the feature contract (`ctrflow.features.Features`) or a `Schema` holding one.
+    `features` is the feature contract (`ctrflow.contract.features.Features`) or a `Schema` holding one.
     Features keep their raw column's name, so these are the names in the dataset's files.
     """
     features = getattr(features, "features", features)

@@ -42,8 +42,8 @@ def decode_fields(arrays: Mapping[str, np.ndarray | None], names: Sequence[str])
 
 def transform_columns(columns: Mapping[str, Sequence[str]], schema, vocab) -> tuple[np.ndarray, np.ndarray]:
     """Raw text per column -> (dense [N, num_dense] float32, sparse [N, slots] int64), as
-    preprocessing computed them (`ctrflow.preprocess.transform.transform_raw`)."""
-    from ctrflow.preprocess.transform import transform_raw
+    preprocessing computed them (`ctrflow.contract.transform.transform_raw`)."""
+    from ctrflow.contract.transform import transform_raw
 
     dense, sparse = transform_raw(columns, schema, vocab)
     return np.ascontiguousarray(dense, dtype=np.float32), np.ascontiguousarray(sparse, dtype=np.int64)
@@ -65,8 +65,8 @@ def copy_vocabularies(data: str | os.PathLike, model_dir: str | os.PathLike) -> 
 def load_preprocessing(model_dir: str | os.PathLike):
     """(schema, vocabularies) that `copy_vocabularies` put into `model_dir`, the vocabularies
     checked against the schema's hash: ids from other vocabularies would silently mean other values."""
-    from ctrflow.preprocess.vocab import Vocabularies
-    from ctrflow.schema import Schema
+    from ctrflow.contract.vocab import Vocabularies
+    from ctrflow.contract.schema import Schema
 
     schema = Schema.load(model_dir)
     vocab = Vocabularies.load(model_dir)

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ctrflow.errors import UserError
-from ctrflow.schema import Schema
+from ctrflow.contract.schema import Schema
 
 
 class ProbabilityModel(nn.Module):

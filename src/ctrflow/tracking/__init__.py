@@ -107,8 +107,8 @@ def track_dataset(raw: Path, data: Path, uri: str | None, experiment: str, paren
     themselves log when run by hand. Returns [{"step", "run_id"}] (run_id None when tracking is off)."""
     import json
 
-    from ctrflow.preprocess.accounting import summarize, track
-    from ctrflow.schema import Schema
+    from ctrflow.ingest.accounting import summarize, track
+    from ctrflow.contract.schema import Schema
 
     tags = {k: v for k, v in tags.items() if v}
     logged = []

@@ -25,7 +25,7 @@ from torch import nn
 from ctrflow.config import TrainConfig
 from ctrflow.loaders.batch import Batch
 from ctrflow.loaders.memory import BatchLoader, ParquetDataset
-from ctrflow.schema import Schema
+from ctrflow.contract.schema import Schema
 from ctrflow.loaders.scan import ScanLoader
 from ctrflow.loaders.stream import StreamLoader, choose_loader
 from ctrflow.loaders.stream_plan import ParquetIndex

@@ -27,7 +27,7 @@ from ctrflow.config import TrainConfig
 from ctrflow.embedding.collection import deferred_tables
 from ctrflow.errors import UserError
 from ctrflow.models import build_model
-from ctrflow.schema import Schema
+from ctrflow.contract.schema import Schema
 from ctrflow.lineage import check_descendant
 
 if TYPE_CHECKING:

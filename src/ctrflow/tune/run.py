@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from ctrflow.config.files import load_config
 from ctrflow.errors import UserError
-from ctrflow.schema import Schema
+from ctrflow.contract.schema import Schema
 from ctrflow.tune.results import drop_checkpoints, summary, write_best, write_plots, write_trials_csv
 from ctrflow.tune.space import THRESHOLD, read_space
 from ctrflow.tune.runner import run_trials

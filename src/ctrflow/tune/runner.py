@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ctrflow.errors import UserError
-from ctrflow.schema import Schema
+from ctrflow.contract.schema import Schema
 from ctrflow.tune.results import drop_checkpoints
 from ctrflow.tune.space import THRESHOLD
 from ctrflow.tune.study import HEARTBEAT_S, Study, recover, remaining, requeue

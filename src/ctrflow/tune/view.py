@@ -33,8 +33,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ctrflow.errors import UserError
-from ctrflow.features import FIRST_ID, OOV_ID
-from ctrflow.schema import Schema
+from ctrflow.contract.features import FIRST_ID, OOV_ID
+from ctrflow.contract.schema import Schema
 
 VIEW_FILE = "view.json"
 
@@ -139,7 +139,7 @@ def write_view(data: Path, schema: Schema, threshold: int, out: Path) -> Schema:
 
 
 def _view_schema(schema: Schema, threshold: int, kept: dict[str, int], values: dict[str, pa.ChunkedArray]) -> Schema:
-    from ctrflow.preprocess.vocab import vocab_hash
+    from ctrflow.contract.vocab import vocab_hash
 
     sparse = tuple(replace(f, cardinality=FIRST_ID + kept[f.name]) if f.name in kept else f
                    for f in schema.features.sparse)

@@ -19,10 +19,10 @@ import ctrflow.embedding.fused.sharded_state as fused_state
 import ctrflow.embedding.sharded as sharded
 from ctrflow.embedding.tables import tables_for
 from ctrflow.errors import UserError
-from ctrflow.features import Feature, Features
+from ctrflow.contract.features import Feature, Features
 from ctrflow.models import build_model
 from ctrflow.checkpoint import restore_checkpoint, save_checkpoint
-from ctrflow.schema import Schema
+from ctrflow.contract.schema import Schema
 from ctrflow.train.distributed import Runtime
 from ctrflow.train.optim import build_optimizers
 from tests.fixtures.bags import bag_batches

@@ -14,8 +14,8 @@ pytest.importorskip("kfp")
 from kfp import dsl  # noqa: E402
 
 import ctrflow_components as components  # noqa: E402
-from ctrflow.preprocess.run import preprocess  # noqa: E402
-from ctrflow.schema import Schema
+from ctrflow.ingest.run import preprocess  # noqa: E402
+from ctrflow.contract.schema import Schema
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,7 @@ from ctrflow.accel.dense_average import DenseAverage
 from ctrflow.accel.fused import FusedTables
 from ctrflow.train.loop import train_step
 from ctrflow.train.optim import Optimizers
-from ctrflow.features import Features
+from ctrflow.contract.features import Features
 
 pytestmark = pytest.mark.integration
 

@@ -153,8 +153,8 @@ def test_malformed_field_gets_error_response_naming_it(exported, monkeypatch):
 def test_checkpoint_from_other_data_is_refused(exported, tmp_path, tmp_path_factory):
     import shutil
 
-    from ctrflow.datasets.criteo.columns import criteo_features
-    from ctrflow.schema import Schema
+    from ctrflow.contract.criteo import criteo_features
+    from ctrflow.contract.schema import Schema
 
     other = tmp_path / "other"
     shutil.copytree(exported["data"], other)
@@ -221,7 +221,7 @@ def test_serve_refuses_backends_the_bundled_tritonserver_lacks(exported, capsys)
 # --- a dataset of its own: the movielens-like table (multi-hot genres), and one without dense columns ---
 
 def test_inputs_are_the_feature_columns_and_zero_width_tensors_are_left_out():
-    from ctrflow.features import Feature, Features
+    from ctrflow.contract.features import Feature, Features
     from ctrflow.serve import model_inputs, raw_inputs
 
     def features(dense=("price",), categorical=("userId",), multi_hot=("genres",)) -> Features:

@@ -48,8 +48,8 @@ def save_model(net, schema, out: Path, model: str = "dlrm") -> Path:
 def grow_vocabulary(data: Path, raw_rows: dict, out: Path) -> tuple[Path, list[str]]:
     """A copy of `data` whose GROWN vocabulary gained the values the raw rows hold but it read as
     unseen: what the next day's preprocessing with the previous vocabulary gives (old ids kept)."""
-    from ctrflow.preprocess.vocab import Vocabularies
-    from ctrflow.schema import Schema
+    from ctrflow.contract.vocab import Vocabularies
+    from ctrflow.contract.schema import Schema
 
     shutil.copytree(data, out)
     old = Vocabularies.load(data)
@@ -78,7 +78,7 @@ def next_day_model(base_ckpt: Path, data: Path, out: Path, seed: int = 7) -> Pat
     rows of GROWN and every dense weight moved, as a day of training would."""
     from ctrflow.checkpoint import load_model
     from ctrflow.models import build_model
-    from ctrflow.schema import Schema
+    from ctrflow.contract.schema import Schema
 
     old, _, meta = load_model(base_ckpt)
     schema = Schema.load(data)

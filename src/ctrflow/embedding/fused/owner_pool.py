@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ctrflow.embedding.fused.layout import Layout
-from ctrflow.features import PADDING_ID
+from ctrflow.contract.features import PADDING_ID
 
 
 @dataclass

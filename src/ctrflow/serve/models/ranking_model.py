@@ -12,7 +12,7 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from ctrflow.errors import UserError
-from ctrflow.schema import Schema
+from ctrflow.contract.schema import Schema
 from ctrflow.serve import model_inputs
 from ctrflow.serve.ranking import check_features, load_ranking_model, probabilities
 

@@ -1,0 +1,1 @@
+"""Reading described raw files (CSV/TSV, plain or gzip, and Parquet) as preprocessing and predict both read them."""

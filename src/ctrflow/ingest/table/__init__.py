@@ -1,0 +1,1 @@
+"""Any described table (CSV/TSV/Parquet): its fit and transform stages."""
