@@ -41,6 +41,7 @@ _KEYS = ("name", "format", "header", "delimiter", "quote", "columns", "label", "
          "freq_threshold", "transform", "dense_type")
 _TEXT_ONLY = ("header", "delimiter", "quote", "columns")  # keys of csv/tsv only
 _MULTI_HOT_KEYS = ("separator", "max_length", "pooling")
+_OTHER_DELIMITERS = (("\t", "tabs", "tsv"), (",", "commas", "csv"), (";", "semicolons", ""), ("|", "pipes", ""))
 
 
 @dataclass(frozen=True)
@@ -111,8 +112,20 @@ class Description:
         for column in self.used_columns:
             if column not in have:
                 shown = ", ".join(list(available)[:12]) + (", ..." if len(available) > 12 else "")
-                raise UserError(f"{self.source}: column {column!r} ({self.role(column)}) is not in {where} "
-                                f"(its columns: {shown})")
+                hint = self.delimiter_hint(available)
+                raise UserError(f"{self.source}: column {column!r} ({self.role(column)}) is not in {where}"
+                                + (f": {hint}" if hint else f" (its columns: {shown})"))
+
+    def delimiter_hint(self, names: Sequence[str]) -> str:
+        """What to set when a header's names hold another delimiter than the description's (a CSV description
+        on a TSV file, ...), else ""."""
+        if self.format == "parquet":
+            return ""
+        for delimiter, what, fmt in _OTHER_DELIMITERS:
+            if delimiter != self.delimiter and any(delimiter in name for name in names):
+                guess = f"is the file {fmt.upper()}? set format: {fmt} or " if fmt else ""
+                return f"the header holds {what}: {guess}set delimiter: {delimiter!r}"
+        return ""
 
     def role(self, column: str) -> str:
         """label | dense | categorical | multi_hot | "" (not named)."""

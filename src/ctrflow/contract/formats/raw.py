@@ -24,10 +24,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ctrflow.contract.description import Description
-from ctrflow.contract.formats.parquet_read import open_parquet, plan_pieces, read_piece
+from ctrflow.contract.formats.parquet_read import check_parquet_rows, open_parquet, plan_pieces, read_piece
 from ctrflow.contract.formats.text_parse import dialect_of, parse_text_block
 from ctrflow.contract.formats.sources import open_mapped
-from ctrflow.contract.formats.text_rows import BOM, iter_blocks, read_header, row_end_after, scan_quotes
+from ctrflow.contract.formats.text_rows import BOM, check_has_rows, iter_blocks, read_header, row_end_after, scan_quotes
 from ctrflow.errors import UserError
 from ctrflow.contract.formats.files import is_gzip
 from ctrflow.contract.numbers import parse_numbers
@@ -66,21 +66,22 @@ def read_raw_rows(path: str | os.PathLike, description: Description, block_bytes
 
 def _text_rows(path: Path, source: Path, description: Description, block_bytes: int) -> Iterator[RawRows]:
     mapped = open_mapped(source)
-    if not len(mapped):
-        return
     dialect = dialect_of(description)
     skip = len(BOM) if mapped[:len(BOM)] == BOM else 0
     head = bytes(mapped[:1 << 20])
     scan = scan_quotes(head, dialect, skip)  # the header's and first row's quotes
     if description.header:
         columns, header_end = read_header(head, dialect, scan)
+        check_has_rows(path, head, header_end, len(head) == len(mapped))
         with_label = description.label in columns
         missing = [c for c in description.raw_columns if c not in columns]
         if missing:
+            hint = description.delimiter_hint(columns)
             raise UserError(f"{path}: line 1: the header has no column {missing[0]!r} "
-                            f"({description.role(missing[0])} in {description.source})")
+                            f"({description.role(missing[0])} in {description.source})" + (f": {hint}" if hint else ""))
     else:
         header_end = skip
+        check_has_rows(path, head, header_end, len(head) == len(mapped))
         columns, with_label = _layout(path, head, description, skip, scan)
     base = 0
     for k, (begin, end, quoted, clean) in enumerate(iter_blocks(mapped, header_end, block_bytes, dialect)):
@@ -121,6 +122,7 @@ def _raw(table: pa.Table, description: Description, with_label: bool) -> RawRows
 
 def _parquet_rows(path: Path, description: Description) -> Iterator[RawRows]:
     names = open_parquet(path).schema_arrow.names
+    check_parquet_rows(path)
     missing = [c for c in description.raw_columns if c not in names]
     if missing:
         raise UserError(f"{path}: no column {missing[0]!r} ({description.role(missing[0])} in {description.source})")
