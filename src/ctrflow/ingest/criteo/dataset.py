@@ -28,6 +28,7 @@ class CriteoDataset:
     engines = ("cpu", "gpu")
     checksums_pieces = True  # the fit workers checksum plain files' pieces (the input digests)
     max_lengths: dict[str, int] = {}
+    truncated: dict[str, int] = {}
 
     def __init__(self, freq_threshold: int | None = None):
         self.description = criteo_description(DEFAULT_THRESHOLD if freq_threshold is None else freq_threshold)
@@ -46,6 +47,12 @@ class CriteoDataset:
             except (OSError, EOFError):  # a corrupt gzip file: the fit pass names the line it breaks at
                 continue
             check_has_rows(path, head, 0, len(head) < _HEAD_BYTES)
+
+    def settle(self, records: list[dict], warnings: list[str]) -> None:
+        """Nothing the fit pass decides beyond the vocabularies (no list column)."""
+
+    def follow(self, previous) -> None:
+        """Nothing to take from the processed data a run grows (the layout is fixed)."""
 
     def fit_stage(self, paths, splits, cache_dir: str, valid_fraction: float = 0.0, seed: int = 0, *,
                   stop_at_bad_row: bool = True, run_dir: str = "", spill_entries: int, memory_bytes: int = 0,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ctrflow.contract.description import Description
+from ctrflow.contract.features import Features
 from ctrflow.contract.formats.parquet_read import check_parquet, plan_pieces
 from ctrflow.ingest.table.passes import TableFitStage, TableTransformStage, TextBlock
 from ctrflow.contract.formats.text_parse import dialect_of
@@ -25,6 +26,7 @@ from ctrflow.contract.formats.files import is_gzip
 from ctrflow.ingest.blocks import bytes_per_block
 from ctrflow.ingest.counting import MergeStage
 from ctrflow.ingest.string_counts import merge_strings
+from ctrflow.ingest.table.lengths import settle_lengths, warn
 
 _HEADER_BYTES = 1 << 20
 # Without --chunk-rows: blocks of at most about this much text (Criteo's 131,072 rows are ~31 MB), a
@@ -42,8 +44,25 @@ class TableDataset:
 
     def __init__(self, description: Description):
         self.description = description
-        self.max_lengths = {name: m.max_length for name, m in description.multi_hot.items()}
+        self.truncated: dict[str, int] = {}
         self._checksums = False
+
+    @property
+    def max_lengths(self) -> dict[str, int | None]:
+        """Each multi-hot column's max_length (None until `settle` sets it from the training lists)."""
+        return {name: m.max_length for name, m in self.description.multi_hot.items()}
+
+    def settle(self, records: list[dict], warnings: list[str]) -> None:
+        """After the fit pass (`records`: its blocks'): set each unset max_length from the training lists,
+        count the rows cut per multi-hot column, and warn (stderr and `warnings`) of a list column that
+        never split (`lengths`)."""
+        self.description, self.truncated, found = settle_lengths(self.description, records)
+        warn([w for w in found if w not in warnings])
+        warnings.extend(w for w in found if w not in warnings)
+
+    def follow(self, previous: Features) -> None:
+        """Take each unset max_length from the processed data whose vocabularies this run grows."""
+        self.description = self.description.with_max_lengths({f.name: f.max_length for f in previous.sparse})
 
     @property
     def checksums_pieces(self) -> bool:

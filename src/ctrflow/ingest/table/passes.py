@@ -75,7 +75,7 @@ class TableFitStage:
         result = {"file": task.file_index, "lines": 0, "rows_read": 0, "rows": {"train": 0, "valid": 0},
                   "problems": [], "truncated": False, "tail": b"", "cache": None, "worker": None,
                   "missing": np.zeros(len(self.description.dense) + len(self.description.sparse), np.int64),
-                  "cut_lists": np.zeros(len(self.description.sparse), np.int64), "label_sum": 0, "pieces": None}
+                  "lists": {}, "label_sum": 0, "pieces": None}
         split = self.splits[task.file_index]
         if isinstance(task, ParquetPiece):
             table, positions, problems = read_piece(task, self.description)
@@ -93,7 +93,7 @@ class TableFitStage:
         else:
             result["rows"][split] = len(table)
         encoded = encode_block(table, self.description, valid, split)
-        result.update(missing=encoded.missing, cut_lists=encoded.cut_lists, label_sum=encoded.label_sum)
+        result.update(missing=encoded.missing, lists=encoded.lists, label_sum=encoded.label_sum)
         if self.count:
             for name, (values, counts) in encoded.counts.items():
                 self.counter.add(name, values, counts)
