@@ -4,11 +4,17 @@ lengths, the row split (`ctrflow preprocess --dataset FILE`)."""
 from __future__ import annotations
 
 import gzip
+import json
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from ctrflow.cli import main
-from tests.fixtures.tables import movie_rows, write_csv, write_description
+from ctrflow.contract.schema import Schema
+from ctrflow.contract.transform import transform_raw
+from ctrflow.contract.vocab import load_vocabularies
+from tests.fixtures.tables import movie_rows, read_split, write_csv, write_description
 
 
 def run_preprocess(tmp_path, description: str, *inputs: str, extra: tuple[str, ...] = ()) -> int:
@@ -49,3 +55,67 @@ def test_a_header_in_another_formats_delimiter_says_so(tmp_path, capsys, fmt, de
     err = capsys.readouterr().err
     assert err.startswith(f"ctrflow preprocess: error: {description}: column 'liked' (label) is not in {data}'s header: "
                           f"{hint}") and err.count("\n") == 1
+
+
+def history_rows(n: int) -> dict[str, list]:
+    """A click log: a user's history as a space-separated list of up to 9 article ids, oldest first."""
+    rng = np.random.default_rng(3)
+    histories = [" ".join(f"a{v}" for v in rng.integers(0, 12, rng.integers(0, 10))) for _ in range(n)]
+    return {"clicked": [str(v) for v in (rng.random(n) < 0.2).astype(int)],
+            "user": [f"u{v}" for v in rng.integers(0, 30, n)], "history": histories}
+
+
+def history_description(tmp_path, **options) -> str:
+    return write_description(tmp_path / "news.yaml", format="tsv", label="clicked", dense=[], categorical=["user"],
+                             multi_hot={"history": {"separator": " ", **options}}, freq_threshold=1, transform=None)
+
+
+def test_max_length_defaults_to_the_longest_training_list_and_is_recorded(tmp_path):
+    rows = history_rows(300)
+    data = write_csv(tmp_path / "news.tsv", rows, "\t")
+    assert run_preprocess(tmp_path, history_description(tmp_path), data, extra=("--valid-fraction", "0.2")) == 0
+    schema = Schema.load(tmp_path / "out")
+    train = read_split(tmp_path / "out")
+    longest = max(len(h.split()) for h in rows["history"])
+    assert schema.dataset["multi_hot"]["history"] == {"separator": " ", "max_length": longest, "pooling": "sum",
+                                                      "keep": "first"}
+    assert schema.features.sparse[1].max_length == longest
+    assert train.schema.field("history").type.list_size == longest
+    stats = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert stats["columns"]["history"]["truncated_rows"] == 0  # no training list is cut
+
+
+@pytest.mark.parametrize("keep", ["first", "last"])
+def test_keep_first_or_last_cuts_long_lists_alike_in_preprocess_and_serving(tmp_path, keep):
+    rows = history_rows(300)
+    data = write_csv(tmp_path / "news.tsv", rows, "\t")
+    assert run_preprocess(tmp_path, history_description(tmp_path, max_length=3, keep=keep), data) == 0
+    out = tmp_path / "out"
+    ids = read_split(out).column("history").to_pylist()
+    vocab = {v: i + 2 for i, v in enumerate(pq.read_table(out / "vocab" / "history.parquet").column("value").to_pylist())}
+    for text, got in zip(rows["history"], ids):
+        values = text.split()
+        kept = values[:3] if keep == "first" else values[-3:]
+        assert got == [vocab.get(v, 1) for v in kept] + [0] * (3 - len(kept))
+    schema = Schema.load(out)
+    _, sparse = transform_raw({"user": rows["user"], "history": rows["history"]}, schema, load_vocabularies(out))
+    assert sparse[:, 1:].tolist() == ids  # serving and predict cut the same values
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["columns"]["history"]["truncated_rows"] == sum(len(h.split()) > 3 for h in rows["history"])
+
+
+def test_lists_that_never_split_warn_naming_the_likely_separator(tmp_path, capsys):
+    rows = history_rows(200)
+    data = write_csv(tmp_path / "news.tsv", rows, "\t")
+    description = history_description(tmp_path, separator="|")  # the docs' default: wrong for this file
+    assert run_preprocess(tmp_path, description, data) == 0
+    err = capsys.readouterr().err
+    assert err == (f"ctrflow preprocess: warning: {description}: multi_hot history: no row's list holds more than one "
+                   "value split at '|', but its values hold ' ': is the separator ' '? (set multi_hot: history: "
+                   "separator)\n")
+    assert json.loads((tmp_path / "out" / "stats.json").read_text())["warnings"] == [err.split("warning: ", 1)[1][:-1]]
+    rows["history"] = [h.replace(" ", "|") for h in rows["history"]]
+    (tmp_path / "out2").mkdir()
+    write_csv(tmp_path / "news.tsv", rows, "\t")
+    assert run_preprocess(tmp_path / "out2", description, data) == 0
+    assert capsys.readouterr().err == ""
