@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -119,3 +120,21 @@ def test_lists_that_never_split_warn_naming_the_likely_separator(tmp_path, capsy
     write_csv(tmp_path / "news.tsv", rows, "\t")
     assert run_preprocess(tmp_path / "out2", description, data) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_valid_fraction_splits_the_same_rows_whatever_the_line_endings_or_a_bom(tmp_path):
+    rows = movie_rows(2000, seed=4)
+    text = Path(write_csv(tmp_path / "m.csv", rows)).read_text()
+    variants = {"lf": text.encode(), "crlf": text.replace("\n", "\r\n").encode(),
+                "bom": b"\xef\xbb\xbf" + text.encode()}
+    description = write_description(tmp_path / "movies.yaml")
+    splits = {}
+    for name, data in variants.items():
+        (tmp_path / f"{name}.csv").write_bytes(data)
+        assert main(["preprocess", "--dataset", description, "--train", str(tmp_path / f"{name}.csv"), "--out",
+                     str(tmp_path / name), "--workers", "1", "--valid-fraction", "0.2", "--seed", "7"]) == 0
+        splits[name] = (read_split(tmp_path / name), read_split(tmp_path / name, "valid"))
+    train, valid = splits["lf"]
+    assert len(train) + len(valid) == 2000 and 330 < len(valid) < 470
+    for name in ("crlf", "bom"):
+        assert splits[name][0].equals(train) and splits[name][1].equals(valid)
