@@ -31,11 +31,6 @@ class Lists:
     lengths: np.ndarray  # int64 [lists]
 
     @property
-    def truncated(self) -> np.ndarray:
-        """bool [lists]: the list had more than max_length values."""
-        return self.lengths > self.codes.shape[1]
-
-    @property
     def empty(self) -> np.ndarray:
         """bool [lists]: no value (a missing multi-hot field)."""
         return self.lengths == 0

@@ -45,10 +45,10 @@ def _column_hashes(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     if pa.types.is_dictionary(column.type):
         hashes = np.append(hash_strings(column.dictionary.cast(pa.string())), _MISSING)
-        indices = pc.fill_null(column.indices, -1).to_numpy(zero_copy_only=False)
-        return hashes[indices]
+        indices = column.indices
+        return hashes[(pc.fill_null(indices, -1) if indices.null_count else indices).to_numpy(zero_copy_only=False)]
     if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
         return np.where(column.is_null().to_numpy(zero_copy_only=False), _MISSING,
                         hash_strings(pc.fill_null(column, "")))
-    values = pc.fill_null(column.cast(pa.float64()), np.nan).to_numpy(zero_copy_only=False)
+    values = column.cast(pa.float64()).to_numpy(zero_copy_only=False)  # a null is NaN
     return mix(np.ascontiguousarray(values).view(np.uint64))
