@@ -19,8 +19,8 @@ from ctrflow import __version__
 from ctrflow.errors import UserError
 
 COMMANDS = {
-    "synth": "write synthetic Criteo-format day files",
-    "preprocess": "raw Criteo TSV -> Parquet + schema + vocabularies",
+    "synth": "write synthetic click logs (Criteo-format days, or described tables such as movielens-like)",
+    "preprocess": "raw rows (the Criteo TSV, or any CSV/TSV/Parquet table a --dataset file describes) -> Parquet + schema + vocabularies",
     "train": "train DLRM / DCNv2 / DeepFM / Wide&Deep",
     "tune": "search hyperparameters: an Optuna study of ctrflow train runs",
     "evaluate": "exact AUC, logloss, calibration, plots",

@@ -9,13 +9,14 @@ and online scores agree (no training/serving skew).
 
 from __future__ import annotations
 
+import csv
 import os
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.csv as pcsv
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 from torch import nn
@@ -72,8 +73,10 @@ def score(model: nn.Module, dense: np.ndarray, sparse: np.ndarray, batch_size: i
     return out
 
 
-def transform_file(path: Path, schema, vocab) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
-    """(dense, sparse, labels or None) per block of a raw file, through the serving transform.
+def transform_file(path: Path, schema, vocab, keep: Sequence[str] = ()
+                   ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None, dict]]:
+    """(dense, sparse, labels or None, the `keep` columns' text) per block of a raw file, through the
+    serving transform.
 
     The file is read by the description's own reader (`ctrflow.contract.formats.raw`), which checks
     every value as preprocessing does and names the file, line and column of a bad one.
@@ -82,31 +85,47 @@ def transform_file(path: Path, schema, vocab) -> Iterator[tuple[np.ndarray, np.n
     from ctrflow.contract.transform import description_of
     from ctrflow.serve.preprocess import transform_columns
 
-    for block in read_raw_rows(path, description_of(schema)):
+    for block in read_raw_rows(path, description_of(schema), keep=keep):
         try:
             dense, sparse = transform_columns(block.columns, schema, vocab)
         except UserError as err:
             raise UserError(f"{path}: {err}") from None
-        yield dense, sparse, block.labels
+        yield dense, sparse, block.labels, block.kept
 
 
 def write_table(table: pa.Table, out: Path) -> None:
-    """Write `.csv` or `.parquet` atomically (a partial file never looks finished)."""
+    """Write `.csv` or `.parquet` atomically (a partial file never looks finished). CSV: one quoting style
+    for the header and the values, the csv module's minimal quoting; a null is an empty field."""
     tmp = out.with_name(f".{out.name}.tmp")
     if out.suffix == ".csv":
-        pcsv.write_csv(table, tmp)
+        with open(tmp, "w", newline="", encoding="utf-8") as sink:
+            writer = csv.writer(sink, lineterminator="\n")
+            writer.writerow(table.column_names)
+            for batch in table.to_batches(SCORE_BATCH):
+                texts = [pc.fill_null(column.cast(pa.string()), "").to_pylist() for column in batch.columns]
+                writer.writerows(zip(*texts))
     else:
         pq.write_table(table, tmp)
     os.replace(tmp, out)
 
 
+def _check_kept(keep: Sequence[str], label: str) -> None:
+    for name in keep:
+        if name == label or name in ("probability", "label"):
+            raise UserError(f"--keep-columns: {name!r} would repeat the output's "
+                            f"{'label' if name == label else name} column")
+    if len(set(keep)) != len(keep):
+        raise UserError(f"--keep-columns: a column is named twice ({', '.join(keep)})")
+
+
 def predict(checkpoint: str | os.PathLike, data: str | os.PathLike, inputs: Sequence[str | os.PathLike],
-            out: str | os.PathLike, batch_size: int = SCORE_BATCH) -> dict:
+            out: str | os.PathLike, batch_size: int = SCORE_BATCH, keep: Sequence[str] = ()) -> dict:
     """Score raw files of the dataset `data` was preprocessed from (its description's format;
     plain or gzip text, with or without the label column, in the order given) into `out`.
 
-    `out` (.csv or .parquet) has a `probability` column in input row order, and `label` when
-    the inputs carry labels (null for rows of a file without one, or with an empty label).
+    `out` (.csv or .parquet) has, in input row order, the `keep` columns of the inputs as text (ids to
+    join the scores back on), a `probability` column, and `label` when the inputs carry labels (null
+    for rows of a file without one, or with an empty label).
     """
     from ctrflow.contract.formats.files import expand_inputs
     from ctrflow.serve.preprocess import load_preprocessing
@@ -116,14 +135,18 @@ def predict(checkpoint: str | os.PathLike, data: str | os.PathLike, inputs: Sequ
         raise UserError(f"--out {out}: must end in .csv or .parquet")
     model, _, _ = load_for_data(checkpoint, data)
     schema, vocab = load_preprocessing(data)  # checked against schema.json's hash, as the server does
-    scores, labels = [], []
+    _check_kept(keep, (schema.dataset or {}).get("label", "label"))
+    scores, labels, kept = [], [], {name: [] for name in keep}
     for path in expand_inputs(inputs):
-        for dense, sparse, label in transform_file(path, schema, vocab):
+        for dense, sparse, label, texts in transform_file(path, schema, vocab, keep):
             scores.append(score(model, dense, sparse, batch_size))
             labels.append(label if label is not None else np.full(len(dense), np.nan, np.float32))
+            for name in keep:
+                kept[name].append(texts[name])
     probability = np.concatenate(scores) if scores else np.zeros(0, np.float32)
     label = np.concatenate(labels) if labels else np.zeros(0, np.float32)
-    columns = {"probability": pa.array(probability, pa.float32())}
+    columns = {name: pa.chunked_array(parts, pa.string()) for name, parts in kept.items()}
+    columns["probability"] = pa.array(probability, pa.float32())
     summary = {"rows": int(len(probability)), "out": str(out)}
     if (~np.isnan(label)).any():
         columns["label"] = pa.array(label, pa.float32(), from_pandas=True).cast(pa.int8())

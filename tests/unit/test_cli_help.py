@@ -44,3 +44,12 @@ def test_help_prints_the_default_of_an_option_that_had_no_help_text(capsys):
         parser.parse_args(["--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "--freq-threshold FREQ_THRESHOLD (default: 6)" in out
+
+
+def test_the_help_of_ctrflow_and_preprocess_speaks_of_any_described_table(capsys):
+    for argv in (["--help"], ["preprocess", "--help"]):
+        with pytest.raises(SystemExit):
+            build_parser(argv).parse_args(argv)
+        out = " ".join(capsys.readouterr().out.split())
+        assert "raw Criteo TSV ->" not in out
+        assert "CSV/TSV/Parquet table a --dataset file describes" in out

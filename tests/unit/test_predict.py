@@ -95,3 +95,45 @@ def test_predict_reads_the_descriptions_csv_and_matches_the_preprocessed_rows(tm
     bad.write_text("\n".join(lines[:8]) + "\n")
     with pytest.raises(UserError, match=r"bad.csv: line 6: .*price"):
         predict(ckpt, data, [bad], tmp_path / "s.csv")
+
+
+def test_predict_keeps_named_columns_and_quotes_header_and_values_alike(tmp_path_factory, tmp_path, capsys):
+    from tests.fixtures.serving import movielens_data
+
+    raw, data = movielens_data(tmp_path_factory)
+    ckpt = checkpoint(tmp_path_factory, "dlrm", data)
+    lines = (raw / "day_1.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    source = tmp_path / "with_ids.csv"  # an id column beside the described ones, one value needing quotes
+    ids = [f"imp-{i}" if i != 3 else 'imp "3", late' for i in range(len(lines) - 1)]
+    quoted = ['"' + v.replace('"', '""') + '"' if "," in v else v for v in ids]
+    source.write_text("\n".join([lines[0] + ",impression id"] + [f"{line},{q}" for line, q in zip(lines[1:], quoted)])
+                      + "\n")
+    out = tmp_path / "scores.csv"
+    assert main(["predict", "--checkpoint", str(ckpt), "--data", str(data), "--input", str(source), "--out", str(out),
+                 "--keep-columns", "impression id,userId"]) == 0
+    written = out.read_text().splitlines()
+    assert written[0] == "impression id,userId,probability,label"  # the header unquoted, as the values
+    assert written[4].startswith('"imp ""3"", late",')
+    table = pcsv.read_csv(out, convert_options=pcsv.ConvertOptions(column_types={"userId": "string"}))
+    assert table.column("impression id").to_pylist() == ids
+    assert table.column("userId").to_pylist() == [line.split(",")[header.index("userId")] for line in lines[1:]]
+    plain = predict(ckpt, data, [raw / "day_1.csv"], tmp_path / "plain.parquet")
+    assert plain["rows"] == table.num_rows
+    assert np.array_equal(table.column("probability").to_numpy().astype(np.float32),  # exact in text
+                          pq.read_table(tmp_path / "plain.parquet").column("probability").to_numpy())
+    capsys.readouterr()
+    assert main(["predict", "--checkpoint", str(ckpt), "--data", str(data), "--input", str(source), "--out",
+                 str(out), "--keep-columns", "session"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ctrflow predict: error: {source}: --keep-columns: no column 'session' in the file "
+                          f"(its columns: {header[0]}, ") and err.count("\n") == 1
+
+
+def test_predict_on_a_file_without_rows_is_a_one_line_error(artifacts, tmp_path):
+    for content, problem in ((b"", "the file is empty"), (b"\n", "the file is empty")):
+        empty = tmp_path / "empty.tsv"
+        empty.write_bytes(content)
+        with pytest.raises(UserError, match=f"empty.tsv: {problem}"):
+            predict(artifacts["checkpoint"], artifacts["data"], [empty], tmp_path / "s.csv")
+        assert not (tmp_path / "s.csv").exists()

@@ -114,7 +114,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     # --train/--out are required for the single run; checked in `run` so that the actions parse
     parser.add_argument("--train", nargs="+", default=[], metavar="FILE",
-                        help="training files or glob patterns (criteo: 40 columns, label, I1..I13, C1..C26)")
+                        help="training files or glob patterns, in the --dataset's format (a described table: "
+                             "its format and columns; criteo: 40 columns, label, I1..I13, C1..C26)")
     parser.add_argument("--valid", nargs="+", default=[], metavar="FILE",
                         help="validation files or glob patterns")
     parser.add_argument("--out", default=None, help="output directory (replaced atomically)")

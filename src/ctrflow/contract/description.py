@@ -12,12 +12,15 @@ label: liked               # a 0/1 column
 dense: [year, price]       # numbers: missing -> 0, then `transform`
 categorical: [userId, movieId]   # any string or integer values; "" = missing
 multi_hot:                 # a list of values per row: up to max_length ids, padded with 0
-  genres: {separator: "|", max_length: 10, pooling: sum}   # sum | mean; parquet: a list column
+  genres: {separator: "|", max_length: 10, pooling: sum, keep: first}   # parquet: a list column
 freq_threshold: {default: 6, userId: 2}   # or one number: occurrences a value needs for its own id
 transform: log1p           # dense: log1p (negatives -> 0 first; the default) | none, or {default: ..., year: none}
 dense_type: float          # float | integer: integer makes a value with a fraction a bad row
 ```
 
+A multi-hot column's keys default to `separator: "|"`, `pooling: sum` (or mean), `keep: first` (a longer
+list keeps its first max_length values; `last`: its last ones), and `max_length` to the longest list of
+the training rows (`with_max_lengths` fills it in once they are read; schema.json records it).
 Columns the description does not name are ignored. Everything is checked before any data is read:
 an unknown key, a column given two roles, a bad value, or (`check_columns`) a column missing from the
 file, raises a one-line `UserError` naming the key or column and the description file.
@@ -27,12 +30,13 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ctrflow.errors import UserError
 from ctrflow.contract.features import LABEL, POOLINGS, TRANSFORMS, Feature, Features
+from ctrflow.contract.lists import KEEPS
 
 FORMATS = ("csv", "tsv", "parquet")
 DENSE_TYPES = ("float", "integer")
@@ -40,16 +44,19 @@ DEFAULT_THRESHOLD = 6
 _KEYS = ("name", "format", "header", "delimiter", "quote", "columns", "label", "dense", "categorical", "multi_hot",
          "freq_threshold", "transform", "dense_type")
 _TEXT_ONLY = ("header", "delimiter", "quote", "columns")  # keys of csv/tsv only
-_MULTI_HOT_KEYS = ("separator", "max_length", "pooling")
+_MULTI_HOT_KEYS = ("separator", "max_length", "pooling", "keep")
+_OTHER_DELIMITERS = (("\t", "tabs", "tsv"), (",", "commas", "csv"), (";", "semicolons", ""), ("|", "pipes", ""))
 
 
 @dataclass(frozen=True)
 class MultiHot:
-    """How one multi-hot column is read: `separator` between values in text, up to `max_length` kept."""
+    """How one multi-hot column is read: `separator` between values in text, up to `max_length` kept (None:
+    the longest training list's length, not yet known), the first or the last ones (`keep`)."""
 
     separator: str = "|"
-    max_length: int = 1
+    max_length: int | None = None
     pooling: str = "sum"
+    keep: str = "first"
 
 
 @dataclass(frozen=True)
@@ -111,8 +118,20 @@ class Description:
         for column in self.used_columns:
             if column not in have:
                 shown = ", ".join(list(available)[:12]) + (", ..." if len(available) > 12 else "")
-                raise UserError(f"{self.source}: column {column!r} ({self.role(column)}) is not in {where} "
-                                f"(its columns: {shown})")
+                hint = self.delimiter_hint(available)
+                raise UserError(f"{self.source}: column {column!r} ({self.role(column)}) is not in {where}"
+                                + (f": {hint}" if hint else f" (its columns: {shown})"))
+
+    def delimiter_hint(self, names: Sequence[str]) -> str:
+        """What to set when a header's names hold another delimiter than the description's (a CSV description
+        on a TSV file, ...), else ""."""
+        if self.format == "parquet":
+            return ""
+        for delimiter, what, fmt in _OTHER_DELIMITERS:
+            if delimiter != self.delimiter and any(delimiter in name for name in names):
+                guess = f"is the file {fmt.upper()}? set format: {fmt} or " if fmt else ""
+                return f"the header holds {what}: {guess}set delimiter: {delimiter!r}"
+        return ""
 
     def role(self, column: str) -> str:
         """label | dense | categorical | multi_hot | "" (not named)."""
@@ -132,11 +151,17 @@ class Description:
             if self.columns is not None:
                 raw["columns"] = list(self.columns)
         raw.update(label=self.label, dense=list(self.dense), categorical=list(self.categorical),
-                   multi_hot={c: {"separator": m.separator, "max_length": m.max_length, "pooling": m.pooling}
-                              for c, m in self.multi_hot.items()},
+                   multi_hot={c: {"separator": m.separator, "max_length": m.max_length, "pooling": m.pooling,
+                                  "keep": m.keep} for c, m in self.multi_hot.items()},
                    freq_threshold={"default": self.default_threshold, **self.thresholds},
                    transform={"default": self.default_transform, **self.transforms}, dense_type=self.dense_type)
         return raw
+
+    def with_max_lengths(self, lengths: Mapping[str, int]) -> "Description":
+        """The description with each multi-hot column's unset max_length taken from `lengths`."""
+        filled = {c: m if m.max_length is not None else replace(m, max_length=int(lengths[c]))
+                  for c, m in self.multi_hot.items()}
+        return replace(self, multi_hot=filled)
 
     @classmethod
     def from_dict(cls, raw: Any, source: str = "<description>", name: str | None = None) -> "Description":
@@ -246,13 +271,13 @@ def _names(value: Any, key: str, fail) -> list[str]:
 
 def _multi_hot(value: Any, fmt: str, fail) -> dict[str, MultiHot]:
     if not isinstance(value, Mapping):
-        fail(f"multi_hot: must map column names to {{separator, max_length, pooling}}, got {value!r}")
+        fail(f"multi_hot: must map column names to {{{', '.join(_MULTI_HOT_KEYS)}}}, got {value!r}")
     found = {}
     for column, options in value.items():
         column = _names([column], "multi_hot", fail)[0]
         options = options or {}
         if not isinstance(options, Mapping):
-            fail(f"multi_hot: {column}: must be a mapping of separator, max_length, pooling")
+            fail(f"multi_hot: {column}: must be a mapping of {', '.join(_MULTI_HOT_KEYS)}")
         unknown = [k for k in options if k not in _MULTI_HOT_KEYS]
         if unknown:
             fail(f"multi_hot: {column}: unknown key {unknown[0]!r} (known: {', '.join(_MULTI_HOT_KEYS)})")
@@ -260,12 +285,16 @@ def _multi_hot(value: Any, fmt: str, fail) -> dict[str, MultiHot]:
         if not isinstance(separator, str) or not separator or "\n" in separator:
             fail(f"multi_hot: {column}: separator must be a non-empty string, got {separator!r}")
         length = options.get("max_length")
-        if not isinstance(length, int) or isinstance(length, bool) or length < 1:
-            fail(f"multi_hot: {column}: max_length must be a positive integer, got {length!r}")
+        if length is not None and (not isinstance(length, int) or isinstance(length, bool) or length < 1):
+            fail(f"multi_hot: {column}: max_length must be a positive integer (or left out: the longest "
+                 f"training list), got {length!r}")
         pooling = options.get("pooling", "sum")
         if pooling not in POOLINGS:
             fail(f"multi_hot: {column}: pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
-        found[column] = MultiHot(separator, length, pooling)
+        keep = options.get("keep", "first")
+        if keep not in KEEPS:
+            fail(f"multi_hot: {column}: keep must be one of {', '.join(KEEPS)}, got {keep!r}")
+        found[column] = MultiHot(separator, length, pooling, keep)
     return found
 
 

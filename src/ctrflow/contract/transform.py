@@ -5,7 +5,8 @@ preprocessing (the same number parsing, dense transform, vocabulary lookup and l
 client sends them or a file holds them:
 - dense: the number as text ("" or None: missing → 0), then the feature's transform;
 - categorical: the value as text ("" or None: missing, id 0);
-- multi-hot: the separated text ("Action|Comedy"; "" or None: empty, all padding);
+- multi-hot: the separated text ("Action|Comedy"; "" or None: empty, all padding), a longer list cut as
+  the description's `keep` says (its first or last max_length values);
 and gives exactly the floats and ids preprocessing wrote. A bad value raises `UserError` naming the
 field and the row.
 """
@@ -18,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ctrflow.contract.description import Description
+from ctrflow.contract.description import Description, MultiHot
 from ctrflow.errors import UserError
 from ctrflow.contract.lists import split_lists
 from ctrflow.contract.numbers import not_finite, parse_numbers
@@ -77,9 +78,8 @@ def transform_raw(columns: Mapping[str, Sequence[str | None]], schema, vocab: Vo
     for feature, (start, stop) in zip(features.sparse, features.slot_spans()):
         strings = _strings(columns[feature.name], feature.name)
         if feature.kind == "multi_hot":
-            options = description.multi_hot.get(feature.name)
-            separator = options.separator if options else "|"
-            lists = split_lists(strings, separator, feature.max_length)
+            options = description.multi_hot.get(feature.name) or MultiHot()
+            lists = split_lists(strings, options.separator, feature.max_length, options.keep)
             sparse[:, start:stop] = lists.ids(vocab.encode(feature.name, lists.values))
         else:
             sparse[:, start] = vocab.encode(feature.name, strings)

@@ -5,8 +5,8 @@ bad rows stop the run (one line: file, line, problem) or go to `rejected.tsv`; a
 totals, per-column missing rates and cardinalities and the time of each pass go to `stats.json`.
 A block's result may count rows and lines apart (`rows_read`, `blank_lines`: a quoted field may
 hold newlines, blank lines hold no row); Parquet inputs number rows, not lines (`unit`).
-A multi-hot list longer than its `max_length` keeps its first `max_length` values; such rows are
-counted per feature (`columns.<feature>.truncated_rows`).
+A multi-hot list longer than its `max_length` keeps its first (or last) `max_length` values; such rows
+are counted per feature (`columns.<feature>.truncated_rows`).
 """
 
 from __future__ import annotations
@@ -70,21 +70,19 @@ def check_rows_written(per_file: list[dict]) -> None:
 
 def collect_stats(records, per_file, distinct: dict[str, int], tables, rows, warnings, passes, workers,
                   chunk_rows, dense: Sequence[str], sparse: Sequence[str],
-                  max_lengths: Mapping[str, int] | None = None) -> dict:
+                  max_lengths: Mapping[str, int] | None = None, truncated: Mapping[str, int] | None = None) -> dict:
     """stats.json's content (plus the cardinalities, vocab hash and training label sum that go to
     schema.json). `dense`, `sparse`: the feature columns in the records' `missing` order; `max_lengths`:
-    the multi-hot features' (their rows cut to it are counted)."""
+    the multi-hot features', `truncated`: the rows cut to it per feature."""
     written = rows["train"] + rows["valid"]
     width = len(dense) + len(sparse)
     missing = sum((r["missing"] for r in records), np.zeros(width, dtype=np.int64))
-    truncated = sum((np.asarray(r["cut_lists"]) for r in records if "cut_lists" in r),
-                    np.zeros(len(sparse), dtype=np.int64))
     columns = {name: {"missing_rate": round(float(missing[j]) / max(1, written), 6)} for j, name in enumerate(dense)}
     for j, name in enumerate(sparse):
         columns[name] = {"missing_rate": round(float(missing[len(dense) + j]) / max(1, written), 6),
                          "cardinality": len(tables[name]) + FIRST_ID, "distinct_train": distinct[name]}
         if max_lengths and name in max_lengths:
-            columns[name].update(max_length=max_lengths[name], truncated_rows=int(truncated[j]))
+            columns[name].update(max_length=max_lengths[name], truncated_rows=int((truncated or {}).get(name, 0)))
     total = sum(passes.values())
     files = [{k: v for k, v in f.items() if not k.startswith("_")} for f in per_file]
     return {

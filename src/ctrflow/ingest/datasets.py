@@ -5,7 +5,10 @@ A dataset, as the preprocessing pipeline (`ctrflow.ingest.run`) uses it, has a `
 features, and makes the passes' worker stages: `fit_stage(...)`, `tasks(files, chunk_rows, workers)`,
 `merge_stage(runs, thresholds, range_entries, previous)` (`previous`: a
 `--vocab-from` directory whose vocabularies grow, or ""), `transform_stage(data_dir, compression, vocab_dir,
-tables)`; `check_inputs(paths)` checks the files' columns before any row is read.
+tables)`; `check_inputs(paths)` checks the files' columns (and that each holds a row) before any row is
+read; `settle(records, warnings)` decides after the fit pass what it leaves open (a multi-hot column's
+unset max_length) and sets `truncated` (rows cut per multi-hot feature); `follow(features)` takes that
+from the processed data a `--vocab-from` run grows.
 """
 
 from __future__ import annotations

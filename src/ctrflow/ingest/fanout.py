@@ -34,10 +34,9 @@ from ctrflow.errors import UserError
 from ctrflow.ingest.accounting import collect_stats, file_stats
 from ctrflow.ingest.counting import SPILL_ENTRIES
 from ctrflow.contract.formats.files import expand_inputs
-from ctrflow.ingest.growth import open_previous
 from ctrflow.ingest.output import check_out_dir, file_digest, publish
 from ctrflow.ingest.run import (DEFAULT_COMPRESSION, RANGE_ENTRIES, RECORD_KEYS, build_vocabulary, fit_pass,
-                                    transform_pass, write_metadata)
+                                open_grown, transform_pass, write_metadata)
 from ctrflow.contract.vocab import write_vocab
 
 COUNTS, OTHER, MERGE, PARTS = "counts.json", "other.arrow", "merge.json", "parts.json"
@@ -150,7 +149,7 @@ def merge_counts(count_dirs, out: str | os.PathLike, freq_threshold: int | None 
     data = _dataset_of(found[0][1], freq_threshold)
     previous = None
     if vocab_from is not None:
-        previous = open_previous(vocab_from, data.description.features(dict.fromkeys(data.description.sparse, 0)))
+        previous = open_grown(data, vocab_from)
     started = time.perf_counter()
     finals = []
     names = data.description.sparse
@@ -161,6 +160,7 @@ def merge_counts(count_dirs, out: str | os.PathLike, freq_threshold: int | None 
             rows = other.filter(pc.equal(other.column("column"), name))
             by_column[name] = (rows.column("value").combine_chunks(), rows.column("count").combine_chunks())
         finals.append({"runs": [str(directory / run) for run in counts["runs"]], "other": by_column})
+    data.settle([r for _, counts in found for r in counts["records"]], [])
     tables, distinct = build_vocabulary(data, finals, workers, range_entries, remove=False,
                                         previous=str(previous.path) if previous else "")
     out.mkdir(parents=True, exist_ok=True)
@@ -272,10 +272,11 @@ def _stats(data, found, merged: Path, plan: dict, part_dirs) -> tuple[dict, list
     passes = {"fit_seconds": round(sum(c["seconds"] for _, c in found), 3), "vocab_seconds": plan["seconds"],
               "transform_seconds": round(sum(t["seconds"] for t in transforms), 3)}
     warnings = [w for _, counts in found for w in counts["warnings"]]
+    data.settle(records, warnings)
     per_file = [counts["stats"] for _, counts in found]
     stats = collect_stats(records, per_file, plan["distinct"], tables, rows, warnings, passes, len(found),
                           found[0][1]["chunk_rows"] if found else data.chunk_rows(None), data.description.dense,
-                          data.description.sparse, data.max_lengths)
+                          data.description.sparse, data.max_lengths, data.truncated)
     stats["passes"]["total_seconds"] = round(sum(passes.values()), 3)
     files = [(Path(c["path"]), c["split"]) for _, c in found]
     return stats, files, [c["digest"] for _, c in found]

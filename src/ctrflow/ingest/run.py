@@ -78,7 +78,7 @@ def preprocess(train: Sequence[str], valid: Sequence[str] = (), out: str | os.Pa
     if vocab_from is not None:
         if engine == "gpu":
             raise UserError("--vocab-from runs on the CPU engine only: use --engine cpu (same output)")
-        previous = open_previous(vocab_from, data.description.features(dict.fromkeys(data.description.sparse, 0)))
+        previous = open_grown(data, vocab_from)
     files = [(p, "split" if valid_fraction else "train") for p in expand_inputs(train)]
     files += [(p, "valid") for p in expand_inputs(valid)]
     data.check_inputs([p for p, _ in files])  # a column missing from a file: before any row is read
@@ -118,6 +118,14 @@ def preprocess(train: Sequence[str], valid: Sequence[str] = (), out: str | os.Pa
             on_bad_rows=on_bad_rows, engine=engine, device=device, seed=seed, chunk_rows=chunk_rows,
             compression=compression, **({"vocab_from": str(previous.path)} if previous else {})))
     return summary
+
+
+def open_grown(data, vocab_from: str | os.PathLike) -> PreviousVocabulary:
+    """The earlier output whose vocabularies this run grows, checked against `data`'s features (an unset
+    multi-hot max_length is the earlier output's)."""
+    if (Path(vocab_from) / "schema.json").is_file():
+        data.follow(Schema.load(vocab_from).features)
+    return open_previous(vocab_from, data.description.features(dict.fromkeys(data.description.sparse, 0)))
 
 
 def write_metadata(tmp: Path, out: Path, files, digests: list[str], stats: dict, data,
@@ -196,6 +204,7 @@ def _run(data, files, tmp: Path, fraction: float, workers: int, on_bad_rows: str
         records, finals = fit_pass(data, fit, list(enumerate(files)), tmp, workers, chunk_rows, progress, per_file,
                                    warnings, pool, checksums)
         check_rows_written(per_file)
+        data.settle(records, warnings)
         t1 = time.perf_counter()
         tables, distinct = build_vocabulary(data, finals, workers, range_entries, pool=pool,
                                             previous=str(previous.path) if previous else "")
@@ -208,7 +217,7 @@ def _run(data, files, tmp: Path, fraction: float, workers: int, on_bad_rows: str
     passes = {"fit_seconds": round(t1 - t0, 3), "vocab_seconds": round(t2 - t1, 3),
               "transform_seconds": round(t3 - t2, 3)}
     return collect_stats(records, per_file, distinct, tables, rows, warnings, passes, workers, chunk_rows,
-                         data.description.dense, data.description.sparse, data.max_lengths)
+                         data.description.dense, data.description.sparse, data.max_lengths, data.truncated)
 
 
 def _share_imports() -> None:
@@ -253,7 +262,7 @@ def fit_pass(data, fit, files: list[tuple[int, tuple[Path, str]]], tmp: Path, wo
     return records, finals
 
 
-RECORD_KEYS = ("cache", "rows", "missing", "label_sum", "cut_lists")  # what a block's record keeps
+RECORD_KEYS = ("cache", "rows", "missing", "label_sum", "lists")  # what a block's record keeps
 
 
 def build_vocabulary(data, finals: list[dict], workers: int, range_entries: int, remove: bool = True,

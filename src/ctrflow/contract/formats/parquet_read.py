@@ -45,6 +45,7 @@ def open_parquet(path: Path) -> pq.ParquetFile:
 def check_parquet(path: Path, description: Description) -> None:
     """Every described column is in the file's schema, with a type its role can read."""
     schema = open_parquet(path).schema_arrow
+    check_parquet_rows(path)
     description.check_columns(schema.names, f"{path}'s Parquet schema")
     for name in description.used_columns:
         kind = schema.field(name).type
@@ -58,6 +59,12 @@ def check_parquet(path: Path, description: Description) -> None:
                                         or pa.types.is_fixed_size_list(kind)):
             raise UserError(f"{description.source}: column {name!r} (multi_hot) of {path} has type {kind}, "
                             "not a list or separated text")
+
+
+def check_parquet_rows(path: Path) -> None:
+    """A one-line UserError when a Parquet file holds no row."""
+    if open_parquet(path).metadata.num_rows == 0:
+        raise UserError(f"{path}: the Parquet file holds no row: nothing to read")
 
 
 def plan_pieces(path: Path, file_index: int, chunk_rows: int) -> list[ParquetPiece]:

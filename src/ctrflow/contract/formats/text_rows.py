@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ctrflow.errors import UserError
+
 _SCAN_BYTES = 16 << 20
 _PIECE_BYTES = 1 << 20
 _LF, _CR = 10, 13
@@ -195,6 +197,16 @@ def read_header(mapped, dialect: Dialect, scan: QuoteScan | None) -> tuple[list[
     text = bytes(mapped[start:end]).decode("utf-8", "replace")
     names = next(csv.reader(io.StringIO(text), **dialect.csv_options()), [])
     return names, end
+
+
+def check_has_rows(path, head: bytes, header_end: int, complete: bool) -> None:
+    """A one-line UserError when a file holds no row: 0 bytes, or nothing but its header (`head`: the
+    file's first bytes, `complete`: all of them; `header_end`: where the rows begin)."""
+    if not complete or head[header_end:].strip(b"\r\n"):
+        return
+    if not head[len(BOM) if head[:len(BOM)] == BOM else 0:].strip(b"\r\n"):
+        raise UserError(f"{path}: the file is empty (0 rows): nothing to read")
+    raise UserError(f"{path}: a header and no rows: nothing to read")
 
 
 @dataclass

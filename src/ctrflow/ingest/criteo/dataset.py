@@ -6,6 +6,7 @@ The CPU engine's passes (`passes`) parse the fixed 40-field layout with its fast
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 from typing import Iterator
 
@@ -14,8 +15,10 @@ from ctrflow.ingest.criteo.passes import FitStage, TransformStage, WholeFile
 from ctrflow.contract.description import DEFAULT_THRESHOLD
 from ctrflow.ingest.counting import MergeStage
 from ctrflow.contract.formats.files import is_gzip
+from ctrflow.contract.formats.text_rows import check_has_rows
 from ctrflow.ingest.blocks import bytes_per_block, plan_blocks
 
+_HEAD_BYTES = 1 << 16
 DEFAULT_CHUNK_ROWS = 1 << 17  # Criteo rows per block and Parquet part: sets memory per worker (~2 KB per row in flight)
 
 
@@ -25,6 +28,7 @@ class CriteoDataset:
     engines = ("cpu", "gpu")
     checksums_pieces = True  # the fit workers checksum plain files' pieces (the input digests)
     max_lengths: dict[str, int] = {}
+    truncated: dict[str, int] = {}
 
     def __init__(self, freq_threshold: int | None = None):
         self.description = criteo_description(DEFAULT_THRESHOLD if freq_threshold is None else freq_threshold)
@@ -34,7 +38,21 @@ class CriteoDataset:
         return requested or DEFAULT_CHUNK_ROWS
 
     def check_inputs(self, paths: list[Path]) -> None:
-        """Nothing to check before reading: the layout is fixed (a bad row is found where it is)."""
+        """A file with no row (0 bytes, or empty lines only) stops the run before any work; nothing else
+        is checked before reading: the layout is fixed (a bad row is found where it is)."""
+        for path in paths:
+            try:
+                with (gzip.open if is_gzip(path) else open)(path, "rb") as f:
+                    head = f.read(_HEAD_BYTES)
+            except (OSError, EOFError):  # a corrupt gzip file: the fit pass names the line it breaks at
+                continue
+            check_has_rows(path, head, 0, len(head) < _HEAD_BYTES)
+
+    def settle(self, records: list[dict], warnings: list[str]) -> None:
+        """Nothing the fit pass decides beyond the vocabularies (no list column)."""
+
+    def follow(self, previous) -> None:
+        """Nothing to take from the processed data a run grows (the layout is fixed)."""
 
     def fit_stage(self, paths, splits, cache_dir: str, valid_fraction: float = 0.0, seed: int = 0, *,
                   stop_at_bad_row: bool = True, run_dir: str = "", spill_entries: int, memory_bytes: int = 0,

@@ -15,16 +15,18 @@ from pathlib import Path
 from typing import Iterator
 
 from ctrflow.contract.description import Description
+from ctrflow.contract.features import Features
 from ctrflow.contract.formats.parquet_read import check_parquet, plan_pieces
 from ctrflow.ingest.table.passes import TableFitStage, TableTransformStage, TextBlock
 from ctrflow.contract.formats.text_parse import dialect_of
 from ctrflow.contract.formats.sources import FileBytes
-from ctrflow.contract.formats.text_rows import BOM, iter_blocks, read_header, scan_quotes
+from ctrflow.contract.formats.text_rows import BOM, check_has_rows, iter_blocks, read_header, scan_quotes
 from ctrflow.errors import UserError
 from ctrflow.contract.formats.files import is_gzip
 from ctrflow.ingest.blocks import bytes_per_block
 from ctrflow.ingest.counting import MergeStage
 from ctrflow.ingest.string_counts import merge_strings
+from ctrflow.ingest.table.lengths import settle_lengths, warn
 
 _HEADER_BYTES = 1 << 20
 # Without --chunk-rows: blocks of at most about this much text (Criteo's 131,072 rows are ~31 MB), a
@@ -42,8 +44,25 @@ class TableDataset:
 
     def __init__(self, description: Description):
         self.description = description
-        self.max_lengths = {name: m.max_length for name, m in description.multi_hot.items()}
+        self.truncated: dict[str, int] = {}
         self._checksums = False
+
+    @property
+    def max_lengths(self) -> dict[str, int | None]:
+        """Each multi-hot column's max_length (None until `settle` sets it from the training lists)."""
+        return {name: m.max_length for name, m in self.description.multi_hot.items()}
+
+    def settle(self, records: list[dict], warnings: list[str]) -> None:
+        """After the fit pass (`records`: its blocks'): set each unset max_length from the training lists,
+        count the rows cut per multi-hot column, and warn (stderr and `warnings`) of a list column that
+        never split (`lengths`)."""
+        self.description, self.truncated, found = settle_lengths(self.description, records)
+        warn([w for w in found if w not in warnings])
+        warnings.extend(w for w in found if w not in warnings)
+
+    def follow(self, previous: Features) -> None:
+        """Take each unset max_length from the processed data whose vocabularies this run grows."""
+        self.description = self.description.with_max_lengths({f.name: f.max_length for f in previous.sparse})
 
     @property
     def checksums_pieces(self) -> bool:
@@ -64,24 +83,27 @@ class TableDataset:
                 self.columns_of(path)
 
     def columns_of(self, path: Path) -> list[str]:
-        """A text file's columns: its header's, or the description's `columns`; checked."""
+        """A text file's columns: its header's, or the description's `columns`; checked (a file with no
+        row is an error)."""
         description = self.description
-        if not description.header:
-            return list(description.columns)
         opener = gzip.open if is_gzip(path) else open
         try:
             with opener(path, "rb") as f:
                 head = f.read(_HEADER_BYTES)
         except (OSError, EOFError) as err:
             raise UserError(f"{path}: cannot read its header ({err})") from None
+        dialect = dialect_of(description)
+        if not description.header:
+            check_has_rows(path, head, 0, len(head) < _HEADER_BYTES)
+            return list(description.columns)
         if len(head) == _HEADER_BYTES and head.find(b"\n") < 0:
             raise UserError(f"{path}: line 1: no end of the header line in its first MiB")
-        names, _ = read_header(head, dialect_of(description), scan_quotes(head, dialect_of(description)))
-        where = f"{path}'s header"
+        names, header_end = read_header(head, dialect, scan_quotes(head, dialect))
+        check_has_rows(path, head, header_end, len(head) < _HEADER_BYTES)
         twice = sorted({n for n in names if names.count(n) > 1 and n in description.used_columns})
         if twice:
             raise UserError(f"{path}: line 1: column {twice[0]!r} appears twice in the header")
-        description.check_columns(names, where)
+        description.check_columns(names, f"{path}'s header")
         return names
 
     def fit_stage(self, paths, splits, cache_dir: str, valid_fraction: float = 0.0, seed: int = 0, *,

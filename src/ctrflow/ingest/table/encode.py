@@ -19,6 +19,7 @@ from ctrflow.contract.description import Description
 from ctrflow.contract.features import LABEL
 from ctrflow.contract.lists import Lists, split_lists
 from ctrflow.contract.numbers import transform_dense
+from ctrflow.ingest.table.lengths import report_lengths
 from ctrflow.ingest.output import VALID
 
 
@@ -31,7 +32,7 @@ class EncodedBlock:
     side: dict  # categorical: name → dictionary (string); multi-hot: name → (values, codes [D, max_length])
     counts: dict  # name → (distinct values, int64 counts) of the training rows, missing values left out
     missing: np.ndarray  # int64 [dense + sparse]: missing values per feature column
-    cut_lists: np.ndarray  # int64 [sparse]: multi-hot rows cut to max_length
+    lists: dict  # multi-hot: name → its list lengths and likely separators (`lengths.report_lengths`)
     label_sum: int  # training rows labelled 1
 
 
@@ -53,7 +54,7 @@ def encode_block(table: pa.Table, description: Description, valid: np.ndarray | 
     n = len(table)
     train = np.ones(n, bool) if split == "train" else np.zeros(n, bool) if split == "valid" else ~valid
     width = len(description.dense) + len(description.sparse)
-    missing, cut = np.zeros(width, np.int64), np.zeros(len(description.sparse), np.int64)
+    missing, reports = np.zeros(width, np.int64), {}
     label = table.column(description.label).to_numpy().astype(np.float32)  # never null: checked when parsed
     columns = {LABEL: pa.array(label)}
     for j, name in enumerate(description.dense):
@@ -65,12 +66,13 @@ def encode_block(table: pa.Table, description: Description, valid: np.ndarray | 
     for j, name in enumerate(description.sparse):
         k = len(description.dense) + j
         if name in description.multi_hot:
-            rows, lists = _lists(table.column(name), description.multi_hot[name])
+            options = description.multi_hot[name]
+            rows, lists, texts = _lists(table.column(name), options)
             columns[name] = pa.array(rows)
             side[name] = (lists.values, lists.codes)
             per_list = np.bincount(rows, minlength=len(lists.lengths))
             missing[k] = int(per_list[lists.empty].sum())
-            cut[j] = int(per_list[lists.truncated].sum())
+            reports[name] = report_lengths(lists, rows, train, texts, options.separator)
             if train.any():
                 weights = per_list if everyone else np.bincount(rows[train], minlength=len(lists.lengths))
                 found = lists.counts(weights)
@@ -90,16 +92,18 @@ def encode_block(table: pa.Table, description: Description, valid: np.ndarray | 
     if split == "split":
         columns[VALID] = pa.array(valid)
     label_sum = int(np.count_nonzero(label[train]))
-    return EncodedBlock(pa.table(columns), side, counts, missing, cut, label_sum)
+    return EncodedBlock(pa.table(columns), side, counts, missing, reports, label_sum)
 
 
-def _lists(column: pa.Array | pa.ChunkedArray, options) -> tuple[np.ndarray, Lists]:
-    """(row → list index int32 [n], the distinct lists): a text column's distinct texts are split once."""
+def _lists(column: pa.Array | pa.ChunkedArray, options) -> tuple[np.ndarray, Lists, pa.Array | None]:
+    """(row → list index int32 [n], the distinct lists, their texts or None for a list column): a text
+    column's distinct texts are split once (an unset max_length: as long as the block's longest list)."""
     column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     if pa.types.is_dictionary(column.type) or pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
         rows, texts = _dictionary(column)
-        return rows, split_lists(texts, options.separator, options.max_length)
-    return np.arange(len(column), dtype=np.int32), split_lists(column, options.separator, options.max_length)
+        return rows, split_lists(texts, options.separator, options.max_length, options.keep), texts
+    lists = split_lists(column, options.separator, options.max_length, options.keep)
+    return np.arange(len(column), dtype=np.int32), lists, None
 
 
 def lookup_block(table: pa.Table, side: dict, description: Description, vocab) -> dict:
@@ -111,7 +115,9 @@ def lookup_block(table: pa.Table, side: dict, description: Description, vocab) -
         encoder = vocab.columns[name]
         if name in description.multi_hot:
             values, codes = side[name]
-            ids = Lists(values, codes, np.zeros(len(codes), np.int64)).ids(encoder.encode(values))
+            options = description.multi_hot[name]  # the block's lists in the settled max_length's slots
+            lists = Lists(values, codes, np.zeros(len(codes), np.int64)).resized(options.max_length, options.keep)
+            ids = lists.ids(encoder.encode(values))
             columns[name] = np.take(ids, rows, axis=0)  # 10x faster than ids[rows] for [n, max_length]
         else:
             columns[name] = encoder.encode(side[name]).take(rows)

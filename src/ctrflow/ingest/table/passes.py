@@ -23,7 +23,7 @@ from ctrflow.errors import UserError
 from ctrflow.ingest.counting import SPILL_ENTRIES
 from ctrflow.ingest.output import checksums_in, part_schema, pieces_of_range, write_splits
 from ctrflow.ingest.parallel import worker_index
-from ctrflow.ingest.split import rows_in_valid
+from ctrflow.ingest.split import row_keys, rows_in_valid
 from ctrflow.ingest.string_counts import StringCounter
 from ctrflow.contract.vocab import Vocabularies
 
@@ -75,25 +75,25 @@ class TableFitStage:
         result = {"file": task.file_index, "lines": 0, "rows_read": 0, "rows": {"train": 0, "valid": 0},
                   "problems": [], "truncated": False, "tail": b"", "cache": None, "worker": None,
                   "missing": np.zeros(len(self.description.dense) + len(self.description.sparse), np.int64),
-                  "cut_lists": np.zeros(len(self.description.sparse), np.int64), "label_sum": 0, "pieces": None}
+                  "lists": {}, "label_sum": 0, "pieces": None}
         split = self.splits[task.file_index]
         if isinstance(task, ParquetPiece):
-            table, positions, problems = read_piece(task, self.description)
+            table, rows, problems = read_piece(task, self.description)
             result.update(unit="row", lines=len(table) + len(problems), rows_read=len(table) + len(problems))
-            positions = positions + task.first_row
+            keys = rows + task.first_row  # the row's number in its file
         else:
-            table, positions, problems = self._parse_text(task, split, result)
+            table, keys, problems = self._parse_text(task, split, result)
         result["problems"] = problems
         if (problems and self.stop_at_bad_row) or table is None or not len(table):
             return [result]
         valid = None
         if split == "split":
-            valid = rows_in_valid(self.seed, task.file_index, positions, self.valid_fraction)
+            valid = rows_in_valid(self.seed, task.file_index, keys, self.valid_fraction)
             result["rows"] = {"train": int(len(table) - valid.sum()), "valid": int(valid.sum())}
         else:
             result["rows"][split] = len(table)
         encoded = encode_block(table, self.description, valid, split)
-        result.update(missing=encoded.missing, cut_lists=encoded.cut_lists, label_sum=encoded.label_sum)
+        result.update(missing=encoded.missing, lists=encoded.lists, label_sum=encoded.label_sum)
         if self.count:
             for name, (values, counts) in encoded.counts.items():
                 self.counter.add(name, values, counts)
@@ -114,10 +114,10 @@ class TableFitStage:
         length = task.end - task.start
         returns = _BUFFER[0].find(b"\r", 0, length) >= 0  # memchr: the block's bytes start the buffer
         parsed = parse_text_block(data[:length], self.description, list(task.columns), task.header_end, task.quoted,
-                                  task.clean, offsets=split == "split", returns=returns)
+                                  task.clean, returns=returns)
         result.update(lines=parsed.lines, rows_read=parsed.rows_read, blank_lines=parsed.blank_lines)
-        positions = None if parsed.offsets is None else parsed.offsets + task.start
-        return parsed.table, positions, parsed.problems
+        keys = row_keys(parsed.table, self.description.used_columns) if split == "split" and parsed.table is not None else None
+        return parsed.table, keys, parsed.problems
 
 
 _BUFFER = [bytearray()]  # this worker's block buffer, reused: no fresh pages per block
