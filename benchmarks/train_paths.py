@@ -61,11 +61,12 @@ PRECISION_OPTIONS = FP8 | {"e4m3g", "fp32acc", "bf16tab"}  # options that change
 GRAPHED = ("fused", "fused-compile", "fused-compile-head")
 
 
-def split_path(name: str) -> tuple[str, set[str]]:
-    """`"fused-compile-head:fp8"` -> ("fused-compile-head", {"fp8"}); ValueError on unknown parts."""
+def split_path(name: str, kinds: tuple[str, ...] = KINDS, known: tuple[str, ...] = OPTIONS) -> tuple[str, set[str]]:
+    """`"fused-compile-head:fp8"` -> ("fused-compile-head", {"fp8"}); ValueError on parts not in `kinds`
+    and `known` (this module's paths by default)."""
     kind, *options = name.split(":")
-    if kind not in KINDS or not set(options) <= set(OPTIONS):
-        raise ValueError(f"unknown path {name!r}: kinds {', '.join(KINDS)}; options {', '.join(OPTIONS)}")
+    if kind not in kinds or not set(options) <= set(known):
+        raise ValueError(f"unknown path {name!r}: kinds {', '.join(kinds)}; options {', '.join(known)}")
     return kind, set(options)
 
 
@@ -120,7 +121,13 @@ def build_path(name: str, args, sizes: list[int], device: torch.device, optim: t
     graphs = device.type == "cuda" and kind in GRAPHED
     fused_adam = device.type == "cuda" and kind not in ("plain", "naive") and "foreach" not in options
     opts = make_optimizers(model, tables, optim, naive=kind == "naive", capturable=graphs, fused=fused_adam)
-    autocast = kind != "plain" and device.type == "cuda"
+    step = make_step(model, opts, device, autocast=kind != "plain" and device.type == "cuda")
+    return model, (capture_step(step, device) if graphs else step)
+
+
+def make_step(model: nn.Module, opts: list, device: torch.device, autocast: bool):
+    """The eager training step (dense, ids, labels) -> loss: forward (bf16 autocast if `autocast`),
+    binary cross-entropy, backward, every optimizer's step."""
 
     def step(dense_x, ids, labels):
         for opt in opts:
@@ -133,7 +140,7 @@ def build_path(name: str, args, sizes: list[int], device: torch.device, optim: t
             opt.step()
         return loss.detach()
 
-    return model, (capture_step(step, device) if graphs else step)
+    return step
 
 
 def build_loop_path(args, arch: dict, sizes: list[int], device: torch.device, optim: tuple, options: set[str]):

@@ -21,6 +21,7 @@ from ctrflow.errors import UserError
 COMMANDS = {
     "synth": "write synthetic click logs (Criteo-format days, or described tables such as movielens-like)",
     "preprocess": "raw rows (the Criteo TSV, or any CSV/TSV/Parquet table a --dataset file describes) -> Parquet + schema + vocabularies",
+    "multihot": "expand a preprocessed one-hot dataset into MLPerf DLRMv2's multi-hot one",
     "train": "train DLRM / DCNv2 / DeepFM / Wide&Deep",
     "tune": "search hyperparameters: an Optuna study of ctrflow train runs",
     "evaluate": "exact AUC, logloss, calibration, plots",

@@ -2,8 +2,9 @@
 
 `--dataset criteo` (the default): raw Criteo TSV (`day_N.tsv`). `--dataset movielens-like`: CSV of
 users, movies, a multi-hot genre list, an age and a price (`day_N.csv`), with its dataset
-description `movielens.yaml` beside it for `ctrflow preprocess --dataset`. `--drift F` makes days that
-drift (`ctrflow.synth.drift`): new values every day and a moving teacher.
+description `movielens.yaml` beside it for `ctrflow preprocess --dataset`. `--dataset dlrmv2`: the
+Criteo rows with MLPerf DLRMv2's multi-hot fields (214 ids a row), described by `dlrmv2.yaml`.
+`--drift F` makes days that drift (`ctrflow.synth.drift`): new values every day and a moving teacher.
 """
 
 from __future__ import annotations
@@ -13,14 +14,15 @@ import argparse
 from ctrflow.errors import UserError
 from ctrflow.tracking import add_tracking_flags, tracker_from_args
 
-DATASETS = ("criteo", "movielens-like")
+DATASETS = ("criteo", "movielens-like", "dlrmv2")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Flags of `ctrflow synth`."""
     parser.add_argument("--dataset", default="criteo", metavar="{" + ",".join(DATASETS) + "}",
                         help="which synthetic dataset (default criteo: raw Criteo TSV; movielens-like: CSV "
-                             "with a genre list, and its dataset description movielens.yaml)")
+                             "with a genre list, and its dataset description movielens.yaml; dlrmv2: Criteo TSV "
+                             "with MLPerf DLRMv2's multi-hot fields, and its description dlrmv2.yaml)")
     parser.add_argument("--rows", type=int, default=200_000, help="rows per day file (default 200000)")
     parser.add_argument("--days", type=int, default=2, help="number of day files (default 2)")
     parser.add_argument("--seed", type=int, default=0, help="same seed, same bytes (default 0)")
@@ -39,6 +41,8 @@ def synthesizer(dataset: str):
         from ctrflow.synth.criteo import synthesize
     elif dataset == "movielens-like":
         from ctrflow.synth.movielens import synthesize
+    elif dataset == "dlrmv2":
+        from ctrflow.synth.dlrmv2 import synthesize
     else:
         raise UserError(f"--dataset {dataset!r}: expected one of {', '.join(DATASETS)}")
     return synthesize

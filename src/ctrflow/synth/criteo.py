@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 
 from ctrflow.contract.criteo import DENSE, RAW_COLUMNS, SPARSE
+from ctrflow.contract.multihot import SEPARATOR, expand
 from ctrflow.synth.drift import Drift, mix64
 from ctrflow.synth.report import open_out, track, write_atomic
 from ctrflow.synth.teacher import AucCounter, Teacher, build_teacher, calibrate, code_probabilities, recenter
@@ -131,13 +132,29 @@ def hex_column(ranks: np.ndarray, key: int, generations: np.ndarray | None = Non
     return pa.StringArray.from_buffers(len(ranks), pa.py_buffer(offsets), pa.py_buffer(data))
 
 
-def chunk_table(labels, dense, dense_missing, ranks, keys, generations=None) -> pa.Table:
+def hex_lists(ranks: np.ndarray, length: int, size: int, key: int) -> pa.Array:
+    """A multi-hot field per rank: the rank's value then `length - 1` more of the column's universe of
+    `size` (`multihot.expand`), "|"-separated; rank -1 becomes an empty field (no values)."""
+    present = ranks >= 0
+    expanded = expand(ranks[present], length, 0, size, key)  # [m, length]
+    tokens = np.frombuffer(hex_column(expanded.reshape(-1), key).buffers()[2], dtype=np.uint8)
+    width = 9 * length - 1  # 8 hex digits a value, "|" between
+    data = np.full((len(expanded), 9 * length), ord(SEPARATOR), dtype=np.uint8)
+    data.reshape(len(expanded), length, 9)[:, :, :8] = tokens[:len(expanded) * length * 8].reshape(-1, length, 8)
+    offsets = np.zeros(len(ranks) + 1, dtype=np.int32)
+    np.cumsum(present * width, out=offsets[1:])
+    return pa.StringArray.from_buffers(len(ranks), pa.py_buffer(offsets), pa.py_buffer(data[:, :width].tobytes()))
+
+
+def chunk_table(labels, dense, dense_missing, ranks, keys, generations=None, hotness=None) -> pa.Table:
     """The 40 raw columns of one chunk; missing fields are nulls or empty strings (both write as empty).
-    `generations`: [n, 26] of each value's slot under `--drift` (None: none)."""
+    `generations`: [n, 26] of each value's slot under `--drift` (None: none). `hotness`: the values per
+    field of each categorical column (None: one; more: a multi-hot field, `hex_lists`)."""
     arrays = [pa.array(labels.astype(np.int8))]
     arrays += [pa.array(dense[:, j], mask=dense_missing[:, j]) for j in range(len(DENSE))]
     arrays += [hex_column(ranks[:, c], int(keys[c]), None if generations is None else generations[:, c])
-               for c in range(len(SPARSE))]
+               if hotness is None or hotness[c] == 1 else
+               hex_lists(ranks[:, c], hotness[c], CATEGORICAL[c][0], int(keys[c])) for c in range(len(SPARSE))]
     return pa.Table.from_arrays(arrays, names=list(RAW_COLUMNS))
 
 
@@ -149,7 +166,7 @@ def make_teacher(seed: int) -> Teacher:
 
 
 def write_day(path: Path, rows: int, day: int, seed: int, teacher: Teacher, gzip: bool,
-              drift: Drift | None = None) -> AucCounter:
+              drift: Drift | None = None, hotness=None) -> AucCounter:
     """Write one day file atomically; returns the exact label counts per teacher code. `teacher`: the
     day's (moved by `drift`, whose new values the rows get).
 
@@ -174,7 +191,8 @@ def write_day(path: Path, rows: int, day: int, seed: int, teacher: Teacher, gzip
                     np.stack([drift.generations(c, ranks[:, c], day) for c in range(len(SPARSE))], axis=1)
                 if pending is not None:
                     pending.result()  # sync point: keeps chunks in order and memory at two chunks
-                pending = writer.submit(write_chunk, sink, labels, dense, dense_missing, ranks, keys, generations)
+                pending = writer.submit(write_chunk, sink, labels, dense, dense_missing, ranks, keys, generations,
+                                        hotness)
             if pending is not None:
                 pending.result()
             if gzip:
@@ -185,17 +203,19 @@ def write_day(path: Path, rows: int, day: int, seed: int, teacher: Teacher, gzip
     return counter
 
 
-def write_chunk(sink, labels, dense, dense_missing, ranks, keys, generations=None) -> None:
+def write_chunk(sink, labels, dense, dense_missing, ranks, keys, generations=None, hotness=None) -> None:
     """Format one chunk as tab-separated lines and append it to `sink`."""
     options = pa_csv.WriteOptions(include_header=False, delimiter="\t", quoting_style="none")
-    pa_csv.write_csv(chunk_table(labels, dense, dense_missing, ranks, keys, generations), sink, options)
+    pa_csv.write_csv(chunk_table(labels, dense, dense_missing, ranks, keys, generations, hotness), sink, options)
 
 
-def synthesize(out, rows: int, days: int, seed: int, gzip: bool = False, tracker=None, drift: float = 0.0) -> dict:
+def synthesize(out, rows: int, days: int, seed: int, gzip: bool = False, tracker=None, drift: float = 0.0,
+               hotness=None) -> dict:
     """Write `out/day_{d}.tsv[.gz]` for d < days (`rows` rows each) and `out/synth.json`; returns its content.
 
     The files are raw Criteo format: label, I1..I13, C1..C26, tab-separated, empty = missing. `drift`:
     the share F of values new each day and of the teacher's move (`ctrflow.synth.drift`; 0: none).
+    `hotness`: values per field of each categorical column (`chunk_table`; None: one each).
     """
     out = open_out(out, rows, days, seed, drift)
     started = time.perf_counter()
@@ -213,7 +233,7 @@ def synthesize(out, rows: int, days: int, seed: int, gzip: bool = False, tracker
             dense, _, ranks = sample_features(np.random.default_rng([seed, 1 << 20]), CALIBRATION_ROWS, day,
                                               column_keys(seed))
             teacher = recenter(teacher, dense, ranks, TARGET_CTR)
-        counter = write_day(path, rows, day, seed, teacher, gzip, drifting)
+        counter = write_day(path, rows, day, seed, teacher, gzip, drifting, hotness)
         report["files"].append({"path": path.name, "rows": rows, "bytes": path.stat().st_size})
         report["teacher_auc"][f"day_{day}"] = round(counter.auc(), 6)
         report["ctr"][f"day_{day}"] = round(counter.ctr(), 6)
