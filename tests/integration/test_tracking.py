@@ -65,6 +65,21 @@ def test_finish_pipeline_run_closes_parent_with_step_metrics(store):
     assert finish_pipeline_run(store, "exp2", "no-such-run", "FINISHED") is None
 
 
+def test_the_pipeline_run_shows_the_values_its_steps_used_for_the_defaults(store):
+    given = {"learning_rate": "0", "batch_size": "0", "freq_threshold": "0", "raw_data": "", "model": "dlrm",
+             "seed": "0", "embedding_dim": "8"}
+    parent_id = start_pipeline_run(store, "exp4", "pipeline", "kfp-4", given)
+    with make_tracker(store, "exp4", "train", parent_id, {"ctrflow.step": "train"}) as trained:
+        trained.log_params({"optim.lr": 0.001, "data.batch_size": 2048, "model.embedding_dim": 8})
+    with make_tracker(store, "exp4", "preprocess", parent_id, {"ctrflow.step": "preprocess"}) as preprocessed:
+        preprocessed.log_params({"freq_threshold": 6, "train": ["day_0.tsv"]})
+
+    finish_pipeline_run(store, "exp4", "kfp-4", "FINISHED")
+    assert mlflow.MlflowClient(store).get_run(parent_id).data.params == {
+        "learning_rate": "0.001", "batch_size": "2048", "freq_threshold": "6", "raw_data": "['day_0.tsv']",
+        "model": "dlrm", "seed": "0", "embedding_dim": "8"}
+
+
 def test_parent_run_links_its_steps_the_model_and_carries_the_plots(store, tmp_path):
     client = mlflow.MlflowClient(store)
     parent_id = start_pipeline_run(store, "exp3", "pipeline", "kfp-5", {})

@@ -27,7 +27,7 @@ KFP_RUN_TAG = "kfp.run_id"
 STEP_TAG = "ctrflow.step"
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # marks an experiment as model training (not GenAI) in the UI
 EXPERIMENT_KIND = "custom_model_development"
-BATCH = 100  # MLflow accepts at most 100 params / 1000 metrics / 100 tags per log_batch call
+BATCH = 100  # MLflow accepts at most 100 params, 1000 metrics and 100 tags per log_batch call
 PARAM_CHARS = 6000  # MLflow's limit on a param value
 
 
@@ -37,7 +37,7 @@ class MlflowTracker(Tracker):
 
     def __init__(self, uri: str, experiment: str = "ctrflow", run_name: str | None = None,
                  parent_run_id: str | None = None, tags: Mapping[str, str] | None = None,
-                 run_id: str | None = None) -> None:
+                 start_ms: int | None = None, run_id: str | None = None) -> None:
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
         self._closed = False
@@ -46,31 +46,36 @@ class MlflowTracker(Tracker):
             self.artifact_uri = self.client.get_run(run_id).info.artifact_uri
             return
         experiment_id = ensure_experiment(self.client, uri, experiment)
-        run = self.client.create_run(experiment_id, run_name=run_name,
+        run = self.client.create_run(experiment_id, start_time=start_ms, run_name=run_name,
                                      tags=describe_run(parent_run_id, tags or {}))
         self.run_id = run.info.run_id
         self.artifact_uri = run.info.artifact_uri
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         """Log params (values as strings, cut to MLflow's limit); `None` values are skipped."""
-        items = [Param(str(k), str(v)[:PARAM_CHARS]) for k, v in params.items() if v is not None]
-        for i in range(0, len(items), BATCH):
-            self.client.log_batch(self.run_id, params=items[i:i + BATCH], synchronous=True)
+        self.log_batch(params={k: v for k, v in params.items() if v is not None})
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None,
                     timestamp_ms: int | None = None) -> None:
         """Log scalar metrics at `step` (0 when not given), stamped `timestamp_ms` (default: now);
         non-numbers are refused by float()."""
         now = timestamp_ms or int(time.time() * 1000)
-        items = [Metric(str(k), float(v), now, int(step or 0)) for k, v in metrics.items()]
-        for i in range(0, len(items), BATCH):
-            self.client.log_batch(self.run_id, metrics=items[i:i + BATCH], synchronous=True)
+        self.log_batch(metrics=[(k, v, now, step or 0) for k, v in metrics.items()])
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         """Set run tags (values as strings)."""
-        items = [RunTag(str(k), str(v)) for k, v in tags.items()]
-        for i in range(0, len(items), BATCH):
-            self.client.log_batch(self.run_id, tags=items[i:i + BATCH], synchronous=True)
+        self.log_batch(tags=tags)
+
+    def log_batch(self, params: Mapping[str, Any] | None = None, metrics: list[tuple] = (),
+                  tags: Mapping[str, str] | None = None) -> None:
+        """Log params, metrics (`(key, value, timestamp_ms, step)`) and tags in as few calls as
+        MLflow's limits per call allow."""
+        items = ([Param(str(k), str(v)[:PARAM_CHARS]) for k, v in (params or {}).items()],
+                 [Metric(str(k), float(v), int(t), int(s)) for k, v, t, s in metrics],
+                 [RunTag(str(k), str(v)) for k, v in (tags or {}).items()])
+        for i in range(0, max(map(len, items)), BATCH):
+            self.client.log_batch(self.run_id, params=items[0][i:i + BATCH], metrics=items[1][i:i + BATCH],
+                                  tags=items[2][i:i + BATCH], synchronous=True)
 
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
         """Attach a file, or a directory's contents under `artifact_path` (default: its name)."""
@@ -100,11 +105,17 @@ class MlflowTracker(Tracker):
         self.set_tags({"ctrflow.registered_model": f"{name}/{version.version}"})
         return str(version.version)
 
-    def close(self, status: str = "FINISHED") -> None:
-        """End the run with `status` (FINISHED, FAILED or KILLED); later calls do nothing."""
+    def close(self, status: str = "FINISHED", end_ms: int | None = None) -> None:
+        """End the run with `status` (FINISHED, FAILED or KILLED) at `end_ms` (default: now); later
+        calls do nothing."""
         if not self._closed:
-            self.client.set_terminated(self.run_id, status)
+            self.client.set_terminated(self.run_id, status, end_time=end_ms)
             self._closed = True
+
+
+def open_store(uri: str, experiment: str) -> None:
+    """Open the store at `uri` and make sure `experiment` exists: the slow part of a first run."""
+    ensure_experiment(MlflowClient(tracking_uri=uri), uri, experiment)
 
 
 def ensure_experiment(client: MlflowClient, uri: str, name: str) -> str:

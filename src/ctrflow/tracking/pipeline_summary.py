@@ -13,9 +13,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from mlflow import MlflowClient
+from typing import TYPE_CHECKING
 
 from ctrflow.tracking.ui import model_link, run_link
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
 
 STEP_TAG = "ctrflow.step"
 NOTE_TAG = "mlflow.note.content"  # the run page's Description, rendered as markdown
@@ -24,6 +27,10 @@ HEADLINE = ("auc", "logloss")  # evaluate's metrics repeated on the parent under
 PLOTS = "evaluate"  # the artifact folder of evaluate's metrics.json and plots, on both runs
 SUMMARY_FIRST = ("evaluate", "train", "export")
 BATCH = 1000  # MLflow takes at most 1000 metrics per log_batch call
+# pipeline parameters whose 0 or "" means "the step's default": (step, param) where the value used is
+STEP_VALUES = {"learning_rate": ("train", "optim.lr"), "batch_size": ("train", "data.batch_size"),
+               "embedding_dim": ("train", "model.embedding_dim"), "max_steps": ("train", "max_steps"),
+               "freq_threshold": ("preprocess", "freq_threshold"), "raw_data": ("preprocess", "train")}
 
 
 def step_name(run) -> str:
@@ -70,6 +77,13 @@ def describe(experiment_id: str, children: list) -> tuple[str, dict[str, str]]:
     return "\n".join(lines) + "\n", tags
 
 
+def used_params(logged: dict[str, str], children: list) -> dict[str, str]:
+    """The values the steps used for the pipeline parameters left to their default (not `logged`)."""
+    steps = {step_name(c): c.data.params for c in children}
+    return {name: steps[step][key] for name, (step, key) in STEP_VALUES.items()
+            if name not in logged and key in steps.get(step, {})}
+
+
 def copy_plots(client: MlflowClient, parent_id: str, children: list) -> None:
     """Copy the evaluate run's `evaluate/` artifacts (metrics.json, roc.png, calibration.png) onto the parent."""
     evaluated = [c for c in children if step_name(c) == "evaluate"]
@@ -87,14 +101,17 @@ def copy_plots(client: MlflowClient, parent_id: str, children: list) -> None:
 
 
 def summarize_pipeline_run(client: MlflowClient, experiment_id: str, parent_id: str, children: list) -> None:
-    """Headline metrics, plots, description and links on the parent run `parent_id`."""
-    from mlflow.entities import Metric, RunTag
+    """Headline metrics, the parameters the steps used, plots, description and links on the parent
+    run `parent_id`."""
+    from mlflow.entities import Metric, Param, RunTag
 
     now = int(time.time() * 1000)
     metrics = [Metric(k, float(v), now, 0) for k, v in summary_metrics(children).items()]
     note, tags = describe(experiment_id, children)
     for i in range(0, len(metrics), BATCH):
         client.log_batch(parent_id, metrics=metrics[i:i + BATCH], synchronous=True)
+    params = used_params(client.get_run(parent_id).data.params, children)
+    client.log_batch(parent_id, params=[Param(k, v) for k, v in params.items()], synchronous=True)
     client.log_batch(parent_id, tags=[RunTag(NOTE_TAG, note), *(RunTag(k, v) for k, v in tags.items())],
                      synchronous=True)
     copy_plots(client, parent_id, children)
