@@ -97,13 +97,16 @@ def test_parent_run_links_its_steps_the_model_and_carries_the_plots(store, tmp_p
     parent = client.get_run(parent_id)
     experiment = parent.info.experiment_id
     note = parent.data.tags["mlflow.note.content"]
-    view = "?workflowType=machine_learning"
-    evaluate_link = f"#/experiments/{experiment}/runs/{evaluated.run_id}{view}"
-    assert note.splitlines()[0] == (
-        f"**ctrflow pipeline run**: validation AUC 0.7512 ([evaluate]({evaluate_link})), registered model "
-        f"[ctr_links version {version}](#/models/ctr_links/versions/{version}{view}) (alias candidate).")
-    assert f"[export](#/experiments/{experiment}/runs/{exported.run_id}{view})" in note
+    assert note.splitlines()[0] == ("**ctrflow pipeline run**: validation AUC 0.7512 (step evaluate), registered model "
+                                    f"**ctr_links version {version}** (alias candidate).")
+    assert "](" not in note  # no links: MLflow opens a description's links in a new tab
     assert parent.data.tags["ctrflow.registered_model"] == f"ctr_links/{version}"
+    # the version's logged model is an output of the export run and of the pipeline run: both show it
+    [model_id] = [m.model_id for m in client.get_run(parent_id).outputs.model_outputs]
+    assert [m.model_id for m in client.get_run(exported.run_id).outputs.model_outputs] == [model_id]
+    model = client.get_logged_model(model_id)
+    assert model.source_run_id == exported.run_id and model.experiment_id == experiment
+    assert json.loads(model.tags["mlflow.modelVersions"]) == [{"name": "ctr_links", "version": version}]
     assert [a.path for a in client.list_artifacts(parent_id, "evaluate")] == ["evaluate/roc.png"]
     tags = client.get_experiment(experiment).tags
     assert tags["mlflow.experimentKind"] == "custom_model_development"
@@ -123,7 +126,9 @@ def test_register_model_versions_and_candidate_alias(store, tmp_path):
     client = mlflow.MlflowClient(store, registry_uri=store)
     assert str(client.get_model_version_by_alias("ctr", "candidate").version) == "2"
     first = client.get_model_version("ctr", "1")
-    assert first.source.endswith("/artifacts/triton") and first.tags == {"backend": "onnxruntime"}
+    assert first.tags == {"backend": "onnxruntime"}
+    local = mlflow.artifacts.download_artifacts(artifact_uri=first.source, dst_path=str(tmp_path / "got"))
+    assert (Path(local) / "config.pbtxt").read_text() == 'name: "ctr"'  # the version's files
 
 
 def test_exception_in_block_marks_run_failed(store):

@@ -89,9 +89,9 @@ def start_pipeline_run(uri: str | None, experiment: str, run_name: str, kfp_run_
                        params: dict) -> str:
     """Open the parent run of one pipeline run (left open: `finish_pipeline_run` closes it);
     returns its id, or "" when tracking is off."""
-    tracker = make_tracker(uri, experiment, run_name, tags={"kfp.run_id": kfp_run_id, "ctrflow.step": "pipeline"})
     from ctrflow.tracking.pipeline_summary import STEP_VALUES
 
+    tracker = make_tracker(uri, experiment, run_name, tags={"kfp.run_id": kfp_run_id, "ctrflow.step": "pipeline"})
     # "the step's default" (0, ""): `finish_pipeline_run` logs the value the step used instead
     tracker.log_params({k: v for k, v in params.items() if not (k in STEP_VALUES and str(v) in ("0", "0.0", ""))})
     return tracker.run_id or ""

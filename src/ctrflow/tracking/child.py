@@ -53,7 +53,16 @@ def prepare_from_args(args) -> None:
     main = "from ctrflow.tracking.child import main; main()"  # not `-m`: the package imports this module
     child = subprocess.Popen([sys.executable, "-c", main, uri, getattr(args, "experiment", "ctrflow")],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    if not _started:
+        atexit.register(_end_unused)
     _started[uri] = (child, now_ms())
+
+
+def _end_unused() -> None:
+    """A child no tracker took (the command logged no run) ends with the command."""
+    for child, _ in _started.values():
+        child.kill()
+        child.wait()
 
 
 def take(uri: str) -> tuple[subprocess.Popen, int] | None:
@@ -171,7 +180,7 @@ def serve(uri: str, experiment: str, requests, reply) -> None:
         open_store(uri, experiment)  # while the step imports its own libraries
     except Exception:  # noqa: BLE001 - `start` meets the same problem and reports it
         pass
-    tracker, batch, flushed, failure = None, {"params": {}, "metrics": [], "tags": {}}, time.monotonic(), None
+    tracker, batch, flushed, failure = None, new_batch(), time.monotonic(), None
     for line in requests:
         request = json.loads(line)
         op, answer = request.pop("op"), {}
@@ -188,11 +197,11 @@ def serve(uri: str, experiment: str, requests, reply) -> None:
                 tracker.log_artifact(request["path"], request["artifact_path"])
             elif tracker is not None and op == "register_model":
                 answer["result"] = tracker.register_model(request["name"], request["artifact_path"], **request["kwargs"])
-            if tracker is not None and (op == "close" or time.monotonic() - flushed > FLUSH_SECONDS):
+            elif tracker is not None and op == "close":
+                end(tracker, batch, request["status"], request["end_ms"])
+            if tracker is not None and op == "log" and time.monotonic() - flushed > FLUSH_SECONDS:
                 tracker.log_batch(**batch)
-                batch, flushed = {"params": {}, "metrics": [], "tags": {}}, time.monotonic()
-            if tracker is not None and op == "close":
-                tracker.close(request["status"], end_ms=request["end_ms"])
+                batch, flushed = new_batch(), time.monotonic()
         except Exception as err:  # noqa: BLE001 - reported to the step, which raises it once
             failure = failure or f"{type(err).__name__}: {err}".splitlines()[0]
         if op != "log":
@@ -200,8 +209,20 @@ def serve(uri: str, experiment: str, requests, reply) -> None:
         if op == "close":
             return
     if tracker is not None:  # the step's process died without closing its run
+        end(tracker, batch, "FAILED", None)
+
+
+def new_batch() -> dict:
+    """Params, metrics and tags received and not yet logged."""
+    return {"params": {}, "metrics": [], "tags": {}}
+
+
+def end(tracker, batch: dict, status: str, end_ms: int | None) -> None:
+    """Log `batch`, then end the run, also when the batch is refused."""
+    try:
         tracker.log_batch(**batch)
-        tracker.close("FAILED")
+    finally:
+        tracker.close(status, end_ms=end_ms)
 
 
 def main() -> None:
