@@ -92,18 +92,19 @@ def test_run_link_shows_the_auc_the_used_params_the_steps_the_model_and_the_plot
     from mlflow import MlflowClient
     from playwright.sync_api import expect
 
+    model_route = f"#/models/{tracked['model_name']}/versions/{tracked['registered_version']}"
     page.goto(run_link(tracked["experiment_id"], tracked["mlflow_run_id"], tracked["url"]))
     metric = page.get_by_role("row").filter(has_text=re.compile(r"^\s*auc\s*[01]\."))
     expect(metric.first).to_contain_text(repr(tracked["auc"])[:6], timeout=TIMEOUT_MS)
     client = MlflowClient(tracked["url"])
     [train] = client.search_runs([tracked["experiment_id"]], f"tags.`mlflow.parentRunId` = '{tracked['mlflow_run_id']}' "
                                  "and tags.`ctrflow.step` = 'train'")
-    used = page.get_by_role("row").filter(has_text=re.compile(r"^\s*learning_rate\s"))
+    used = page.get_by_role("row", name=re.compile(r"^learning_rate "))
     expect(used.first).to_contain_text(train.data.params["optim.lr"])  # not the pipeline's "use the default" 0
     for step in ("evaluate", "train", "export"):
         expect(page.get_by_role("link", name=step, exact=True).first).to_be_visible()
-    version = page.get_by_role("link", name=f"v{tracked['registered_version']}", exact=True).last  # Registered models
-    expect(version).to_be_visible()
+    version = page.locator(f'a[href="{model_route}"]').last  # in "Registered models"
+    expect(version).to_contain_text(f"v{tracked['registered_version']}")
     assert TELEMETRY_NOTICE not in page.inner_text("body")
     assert page.locator(".note-editor-preview-content a").count() == 0  # the UI would open them in a new tab
     shoot(page, "mlflow_ui.png")
@@ -120,7 +121,7 @@ def test_run_link_shows_the_auc_the_used_params_the_steps_the_model_and_the_plot
     expect(page.get_by_text("optim.lr", exact=True).first).to_be_visible(timeout=TIMEOUT_MS)
     assert train.info.run_id in page.url and len(page.context.pages) == 1  # the same tab
     page.go_back()
-    page.get_by_role("link", name=f"v{tracked['registered_version']}", exact=True).last.click()
+    page.locator(f'a[href="{model_route}"]').last.click()
     expect(page.get_by_role("status", name="candidate")).to_be_visible(timeout=TIMEOUT_MS)
     assert len(page.context.pages) == 1
     shoot(page, "mlflow_ui_model_version.png")
