@@ -3,13 +3,9 @@ intra-op thread on request. Helpers that tests share live in the `tests.fixtures
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
-
-# the MLflow tracking server the tests' steps start goes away a minute after the last of them
-os.environ.setdefault("CTRFLOW_TRACKING_IDLE_SECS", "60")
 
 REPO = Path(__file__).resolve().parents[1]
 CRITEO = REPO.parent / "shared" / "data" / "criteo"  # real rows: read from ../shared, never copied

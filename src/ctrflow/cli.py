@@ -111,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     module = None
     try:
         if args.command in COMMANDS and hasattr(args, "tracking_uri"):
-            # the step's MLflow worker starts now, beside the step's own imports (ctrflow.tracking.background)
-            from ctrflow.tracking.background import prepare_from_args
+            # the step's MLflow run starts now, in a child beside the step's own imports (ctrflow.tracking.child)
+            from ctrflow.tracking.child import prepare_from_args
 
             prepare_from_args(args)
         module = command_module(args.command)

@@ -1,8 +1,10 @@
 """The MLflow UI as a new user's browser shows it: Debian's Chromium with a fresh profile (nothing
 saved in its local storage, MLflow's assistant panel left as it opens), sent to the links ctrflow
-prints. The experiment link lists the pipeline run with its AUC; the run link shows the AUC, links
-to every step's run and to the registered model, and holds the plots; the model page shows the
-`candidate` alias; no telemetry notice. Screenshots go to test-artifacts/."""
+prints or to the UI's home page. The home page, after the one click the docs give ("Model training"
+in the sidebar), leads to the pipeline run; the experiment link lists the pipeline run with its AUC;
+the run link shows the AUC, the parameters the steps used, every step's run and the registered model
+(links that stay in the tab), and holds the plots; the experiment's Models tab lists the model; the
+model page shows the `candidate` alias; no telemetry notice. Screenshots go to test-artifacts/."""
 
 from __future__ import annotations
 
@@ -74,19 +76,38 @@ def test_experiment_link_lists_the_pipeline_run_with_its_auc(page, tracked):
     assert TELEMETRY_NOTICE not in page.inner_text("body")
 
 
-def test_run_link_shows_the_auc_the_plots_and_links_to_every_step_and_the_model(page, tracked):
+def test_home_page_after_the_model_training_switch_leads_to_the_runs(page, tracked):
     from playwright.sync_api import expect
 
+    page.goto(tracked["url"])
+    page.get_by_role("button", name="Model training", exact=True).click()  # the one click the docs give
+    page.get_by_role("link", name=tracked["experiment"], exact=True).first.click()
+    expect(page.locator(f'[role="row"][row-id="{tracked["mlflow_run_id"]}"]').first).to_be_visible(timeout=TIMEOUT_MS)
+    shoot(page, "mlflow_ui_home_to_runs.png")
+    page.goto(f"{tracked['url']}/#/experiments/{tracked['experiment_id']}")  # no query: the saved choice holds
+    expect(page.locator(f'[role="row"][row-id="{tracked["mlflow_run_id"]}"]').first).to_be_visible(timeout=TIMEOUT_MS)
+
+
+def test_run_link_shows_the_auc_the_used_params_the_steps_the_model_and_the_plots(page, tracked):
+    from mlflow import MlflowClient
+    from playwright.sync_api import expect
+
+    model_route = f"#/models/{tracked['model_name']}/versions/{tracked['registered_version']}"
     page.goto(run_link(tracked["experiment_id"], tracked["mlflow_run_id"], tracked["url"]))
     metric = page.get_by_role("row").filter(has_text=re.compile(r"^\s*auc\s*[01]\."))
     expect(metric.first).to_contain_text(repr(tracked["auc"])[:6], timeout=TIMEOUT_MS)
+    client = MlflowClient(tracked["url"])
+    [train] = client.search_runs([tracked["experiment_id"]], f"tags.`mlflow.parentRunId` = '{tracked['mlflow_run_id']}' "
+                                 "and tags.`ctrflow.step` = 'train'")
+    used = page.get_by_role("row", name=re.compile(r"^learning_rate "))
+    expect(used.first).to_contain_text(train.data.params["optim.lr"])  # not the pipeline's "use the default" 0
     for step in ("evaluate", "train", "export"):
         expect(page.get_by_role("link", name=step, exact=True).first).to_be_visible()
-    model = page.get_by_role("link", name=f"{tracked['model_name']} version {tracked['registered_version']}")
-    expect(model).to_be_visible()
-    assert model.get_attribute("href").endswith(model_link(tracked["model_name"], tracked["registered_version"]))
-    shoot(page, "mlflow_ui.png")
+    version = page.locator(f'a[href="{model_route}"]').last  # in "Registered models"
+    expect(version).to_contain_text(f"v{tracked['registered_version']}")
     assert TELEMETRY_NOTICE not in page.inner_text("body")
+    assert page.locator(".note-editor-preview-content a").count() == 0  # the UI would open them in a new tab
+    shoot(page, "mlflow_ui.png")
 
     page.get_by_role("tab", name="Artifacts").click()
     page.get_by_text("evaluate", exact=True).last.click()  # the folder of evaluate's plots
@@ -96,11 +117,23 @@ def test_run_link_shows_the_auc_the_plots_and_links_to_every_step_and_the_model(
     shoot(page, "mlflow_ui_plots.png")
 
     page.goto(run_link(tracked["experiment_id"], tracked["mlflow_run_id"], tracked["url"]))
-    with page.context.expect_page() as opened:  # the description's links open in a new tab
-        page.get_by_role("link", name=f"{tracked['model_name']} version {tracked['registered_version']}").click()
-    version_page = opened.value
-    expect(version_page.get_by_role("status", name="candidate")).to_be_visible(timeout=TIMEOUT_MS)
-    shoot(version_page, "mlflow_ui_model_version.png")
+    page.get_by_role("link", name="train", exact=True).first.click()
+    expect(page.get_by_text("optim.lr", exact=True).first).to_be_visible(timeout=TIMEOUT_MS)
+    assert train.info.run_id in page.url and len(page.context.pages) == 1  # the same tab
+    page.go_back()
+    page.locator(f'a[href="{model_route}"]').last.click()
+    expect(page.get_by_role("status", name="candidate")).to_be_visible(timeout=TIMEOUT_MS)
+    assert len(page.context.pages) == 1
+    shoot(page, "mlflow_ui_model_version.png")
+
+
+def test_experiment_models_tab_lists_the_registered_model(page, tracked):
+    from playwright.sync_api import expect
+
+    page.goto(f"{tracked['url']}/#/experiments/{tracked['experiment_id']}/models?workflowType=machine_learning")
+    row = page.get_by_role("row").filter(has_text=tracked["model_name"])
+    expect(row.filter(has_text=f"v{tracked['registered_version']}").first).to_be_visible(timeout=TIMEOUT_MS)
+    shoot(page, "mlflow_ui_models_tab.png")
 
 
 def test_registry_page_shows_candidate_version(page, tracked):

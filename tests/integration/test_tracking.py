@@ -65,6 +65,21 @@ def test_finish_pipeline_run_closes_parent_with_step_metrics(store):
     assert finish_pipeline_run(store, "exp2", "no-such-run", "FINISHED") is None
 
 
+def test_the_pipeline_run_shows_the_values_its_steps_used_for_the_defaults(store):
+    given = {"learning_rate": "0", "batch_size": "0", "freq_threshold": "0", "raw_data": "", "model": "dlrm",
+             "seed": "0", "embedding_dim": "8"}
+    parent_id = start_pipeline_run(store, "exp4", "pipeline", "kfp-4", given)
+    with make_tracker(store, "exp4", "train", parent_id, {"ctrflow.step": "train"}) as trained:
+        trained.log_params({"optim.lr": 0.001, "data.batch_size": 2048, "model.embedding_dim": 8})
+    with make_tracker(store, "exp4", "preprocess", parent_id, {"ctrflow.step": "preprocess"}) as preprocessed:
+        preprocessed.log_params({"freq_threshold": 6, "train": ["day_0.tsv"]})
+
+    finish_pipeline_run(store, "exp4", "kfp-4", "FINISHED")
+    assert mlflow.MlflowClient(store).get_run(parent_id).data.params == {
+        "learning_rate": "0.001", "batch_size": "2048", "freq_threshold": "6", "raw_data": "['day_0.tsv']",
+        "model": "dlrm", "seed": "0", "embedding_dim": "8"}
+
+
 def test_parent_run_links_its_steps_the_model_and_carries_the_plots(store, tmp_path):
     client = mlflow.MlflowClient(store)
     parent_id = start_pipeline_run(store, "exp3", "pipeline", "kfp-5", {})
@@ -82,13 +97,16 @@ def test_parent_run_links_its_steps_the_model_and_carries_the_plots(store, tmp_p
     parent = client.get_run(parent_id)
     experiment = parent.info.experiment_id
     note = parent.data.tags["mlflow.note.content"]
-    view = "?workflowType=machine_learning"
-    evaluate_link = f"#/experiments/{experiment}/runs/{evaluated.run_id}{view}"
-    assert note.splitlines()[0] == (
-        f"**ctrflow pipeline run**: validation AUC 0.7512 ([evaluate]({evaluate_link})), registered model "
-        f"[ctr_links version {version}](#/models/ctr_links/versions/{version}{view}) (alias candidate).")
-    assert f"[export](#/experiments/{experiment}/runs/{exported.run_id}{view})" in note
+    assert note.splitlines()[0] == ("**ctrflow pipeline run**: validation AUC 0.7512 (step evaluate), registered model "
+                                    f"**ctr_links version {version}** (alias candidate).")
+    assert "](" not in note  # no links: MLflow opens a description's links in a new tab
     assert parent.data.tags["ctrflow.registered_model"] == f"ctr_links/{version}"
+    # the version's logged model is an output of the export run and of the pipeline run: both show it
+    [model_id] = [m.model_id for m in client.get_run(parent_id).outputs.model_outputs]
+    assert [m.model_id for m in client.get_run(exported.run_id).outputs.model_outputs] == [model_id]
+    model = client.get_logged_model(model_id)
+    assert model.source_run_id == exported.run_id and model.experiment_id == experiment
+    assert json.loads(model.tags["mlflow.modelVersions"]) == [{"name": "ctr_links", "version": version}]
     assert [a.path for a in client.list_artifacts(parent_id, "evaluate")] == ["evaluate/roc.png"]
     tags = client.get_experiment(experiment).tags
     assert tags["mlflow.experimentKind"] == "custom_model_development"
@@ -108,7 +126,9 @@ def test_register_model_versions_and_candidate_alias(store, tmp_path):
     client = mlflow.MlflowClient(store, registry_uri=store)
     assert str(client.get_model_version_by_alias("ctr", "candidate").version) == "2"
     first = client.get_model_version("ctr", "1")
-    assert first.source.endswith("/artifacts/triton") and first.tags == {"backend": "onnxruntime"}
+    assert first.tags == {"backend": "onnxruntime"}
+    local = mlflow.artifacts.download_artifacts(artifact_uri=first.source, dst_path=str(tmp_path / "got"))
+    assert (Path(local) / "config.pbtxt").read_text() == 'name: "ctr"'  # the version's files
 
 
 def test_exception_in_block_marks_run_failed(store):

@@ -7,12 +7,12 @@ Every step takes the same flags (`add_tracking_flags`) and builds its tracker wi
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 from pathlib import Path
 
 from ctrflow.tracking.base import NullTracker, Tracker
+from ctrflow.tracking.child import ChildTracker, take
 
 __all__ = ["NullTracker", "Tracker", "add_tracking_flags", "finish_pipeline_run", "make_tracker",
            "resolve_tracking_uri", "start_pipeline_run", "track_dataset", "tracker_from_args", "tracking_argv"]
@@ -56,30 +56,26 @@ def resolve_tracking_uri(uri: str | None) -> str:
 
 def make_tracker(uri: str | None, experiment: str = "ctrflow", run_name: str | None = None,
                  parent_run_id: str | None = None, tags: dict[str, str] | None = None,
-                 background: bool = True) -> Tracker:
+                 start_ms: int | None = None) -> Tracker:
     """An MLflow tracker, or a `NullTracker` when tracking is off or mlflow is not installed.
 
-    With `background` (the default) the run is logged by a worker process beside the step, forked
-    from a tracking server that has imported mlflow (`BackgroundTracker`, `ctrflow.tracking.server`):
-    importing mlflow and opening the store stay off the step's path. Without it, every call is made
-    here and returns when logged.
+    A step's own run is logged by the child process its command started as it began
+    (`ctrflow.tracking.child`), beside the step's work, from the command's start time. Any other run
+    (a pipeline's, a study's trials) is logged in this process from `start_ms` (default: now),
+    every call returning when logged.
     """
     uri = resolve_tracking_uri(uri)
     if uri.lower() == "none":
         return NullTracker()
-    if background:
-        if importlib.util.find_spec("mlflow") is None:  # e.g. the GPU machine, which has no mlflow
-            print("ctrflow: tracking disabled (No module named 'mlflow')", file=sys.stderr)
-            return NullTracker()
-        from ctrflow.tracking.background import BackgroundTracker
-
-        return BackgroundTracker(uri, experiment, run_name=run_name, parent_run_id=parent_run_id, tags=tags or {})
+    started = take(uri)
+    if started is not None:
+        return ChildTracker(started[0], uri, experiment, run_name, parent_run_id, tags or {}, started[1])
     try:
         from ctrflow.tracking.mlflow_tracker import MlflowTracker
     except ImportError as err:  # e.g. the GPU machine, which has no mlflow
         print(f"ctrflow: tracking disabled ({err})", file=sys.stderr)
         return NullTracker()
-    return MlflowTracker(uri, experiment, run_name=run_name, parent_run_id=parent_run_id, tags=tags or {})
+    return MlflowTracker(uri, experiment, run_name, parent_run_id, tags or {}, start_ms=start_ms)
 
 
 def tracker_from_args(args: argparse.Namespace, step: str) -> Tracker:
@@ -93,9 +89,11 @@ def start_pipeline_run(uri: str | None, experiment: str, run_name: str, kfp_run_
                        params: dict) -> str:
     """Open the parent run of one pipeline run (left open: `finish_pipeline_run` closes it);
     returns its id, or "" when tracking is off."""
-    tracker = make_tracker(uri, experiment, run_name, tags={"kfp.run_id": kfp_run_id, "ctrflow.step": "pipeline"},
-                           background=False)  # left open: no worker process may outlive this call
-    tracker.log_params(params)
+    from ctrflow.tracking.pipeline_summary import STEP_VALUES
+
+    tracker = make_tracker(uri, experiment, run_name, tags={"kfp.run_id": kfp_run_id, "ctrflow.step": "pipeline"})
+    # "the step's default" (0, ""): `finish_pipeline_run` logs the value the step used instead
+    tracker.log_params({k: v for k, v in params.items() if not (k in STEP_VALUES and str(v) in ("0", "0.0", ""))})
     return tracker.run_id or ""
 
 
@@ -104,31 +102,51 @@ def track_dataset(raw: Path, data: Path, uri: str | None, experiment: str, paren
     """Log child runs describing a pipeline's data from the files the data steps wrote: `synth`
     (when `raw/synth.json` exists: its parameters, teacher AUC and CTR per day) and `preprocess`
     (rows, cardinalities, pass times, schema.json and stats.json, tag vocab_hash), as the steps
-    themselves log when run by hand. Returns [{"step", "run_id"}] (run_id None when tracking is off)."""
+    themselves log when run by hand, each with the time it ran (`data_times`). Returns
+    [{"step", "run_id"}] (run_id None when tracking is off)."""
     import json
 
     from ctrflow.ingest.accounting import summarize, track
     from ctrflow.contract.schema import Schema
 
     tags = {k: v for k, v in tags.items() if v}
-    logged = []
+    times, logged = data_times(raw, data), []
     if (raw / "synth.json").exists():
         report = json.loads((raw / "synth.json").read_text())
-        with make_tracker(uri, experiment, "synth", parent_run_id or None, {**tags, "ctrflow.step": "synth"}) as tracker:
+        with make_tracker(uri, experiment, "synth", parent_run_id or None, {**tags, "ctrflow.step": "synth"},
+                          times["synth"][0]) as tracker:
             tracker.log_params({k: report[k] for k in ("rows", "days", "seed", "gzip")})
             metrics = {f"teacher_auc_{k}": v for k, v in report["teacher_auc"].items()}
             tracker.log_metrics({**metrics, **{f"ctr_{k}": v for k, v in report["ctr"].items()}})
             tracker.log_artifact(raw / "synth.json")
+            tracker.close(end_ms=times["synth"][1])
         logged.append({"step": "synth", "run_id": tracker.run_id})
     schema, stats = Schema.load(data), json.loads((data / "stats.json").read_text())
     inputs = {split: [Path(f["path"]).name for f in schema.files if f["split"].startswith(split)]
               for split in ("train", "valid")}
     with make_tracker(uri, experiment, "preprocess", parent_run_id or None,
-                      {**tags, "ctrflow.step": "preprocess"}) as tracker:
+                      {**tags, "ctrflow.step": "preprocess"}, times["preprocess"][0]) as tracker:
         track(tracker, summarize(data, schema, stats, workers=None), stats, data,
               {**inputs, "freq_threshold": schema.freq_threshold, "fanout_files": len(schema.files)})
+        tracker.close(end_ms=times["preprocess"][1])
     logged.append({"step": "preprocess", "run_id": tracker.run_id})
     return logged
+
+
+def data_times(raw: Path, data: Path) -> dict[str, tuple[int, int]]:
+    """(start, end) in ms of the data steps that wrote `raw` and `data`, from their files: synth ran
+    from its first file to `synth.json`, preprocess for its `stats.json`'s total seconds up to it."""
+    import json
+
+    def written_ms(path: Path) -> int:
+        return int(path.stat().st_mtime * 1000)
+
+    stats = data / "stats.json"
+    end = written_ms(stats)
+    times = {"preprocess": (end - int(json.loads(stats.read_text())["passes"]["total_seconds"] * 1000), end)}
+    if (raw / "synth.json").exists():
+        times["synth"] = (min(written_ms(p) for p in raw.iterdir()), written_ms(raw / "synth.json"))
+    return times
 
 
 def finish_pipeline_run(uri: str | None, experiment: str, kfp_run_id: str, status: str) -> str | None:

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 class Tracker:
     """Logs params, metrics, tags and artifacts of one run (one pipeline step).
 
-    Every method is a no-op here; `MlflowTracker` overrides them. A tracker is a context
+    Every method is a no-op here; `MlflowTracker` and `ChildTracker` override them. A tracker is a context
     manager: leaving it ends the run, marking it FAILED when an exception escaped.
     """
 
@@ -31,8 +31,8 @@ class Tracker:
         """Register what was logged under `artifact_path` as a new model version; returns the version."""
         return None
 
-    def close(self, status: str = "FINISHED") -> None:
-        """End the run."""
+    def close(self, status: str = "FINISHED", end_ms: int | None = None) -> None:
+        """End the run, at `end_ms` (ms since the epoch; default: now)."""
 
     def __enter__(self) -> "Tracker":
         return self

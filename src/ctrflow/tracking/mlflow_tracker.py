@@ -8,8 +8,10 @@ tag, which is what the MLflow UI nests on.
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -25,9 +27,10 @@ from ctrflow.tracking.ui import RUNS_VIEW, SHARED_VIEW_TAG, runs_view_state
 PARENT_TAG = "mlflow.parentRunId"
 KFP_RUN_TAG = "kfp.run_id"
 STEP_TAG = "ctrflow.step"
+MODEL_VERSIONS_TAG = "mlflow.modelVersions"  # a logged model's registered versions, as JSON
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # marks an experiment as model training (not GenAI) in the UI
 EXPERIMENT_KIND = "custom_model_development"
-BATCH = 100  # MLflow accepts at most 100 params / 1000 metrics / 100 tags per log_batch call
+BATCH = 100  # MLflow accepts at most 100 params, 1000 metrics and 100 tags per log_batch call
 PARAM_CHARS = 6000  # MLflow's limit on a param value
 
 
@@ -37,40 +40,43 @@ class MlflowTracker(Tracker):
 
     def __init__(self, uri: str, experiment: str = "ctrflow", run_name: str | None = None,
                  parent_run_id: str | None = None, tags: Mapping[str, str] | None = None,
-                 run_id: str | None = None) -> None:
+                 start_ms: int | None = None, run_id: str | None = None) -> None:
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
         self._closed = False
         if run_id:
-            self.run_id = run_id
-            self.artifact_uri = self.client.get_run(run_id).info.artifact_uri
-            return
-        experiment_id = ensure_experiment(self.client, uri, experiment)
-        run = self.client.create_run(experiment_id, run_name=run_name,
-                                     tags=describe_run(parent_run_id, tags or {}))
-        self.run_id = run.info.run_id
-        self.artifact_uri = run.info.artifact_uri
+            run = self.client.get_run(run_id)
+        else:
+            run = self.client.create_run(ensure_experiment(self.client, uri, experiment), start_time=start_ms,
+                                         run_name=run_name, tags=describe_run(parent_run_id, tags or {}))
+        self.run_id, self.artifact_uri = run.info.run_id, run.info.artifact_uri
+        self.experiment_id, self.parent_run_id = run.info.experiment_id, run.data.tags.get(PARENT_TAG)
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         """Log params (values as strings, cut to MLflow's limit); `None` values are skipped."""
-        items = [Param(str(k), str(v)[:PARAM_CHARS]) for k, v in params.items() if v is not None]
-        for i in range(0, len(items), BATCH):
-            self.client.log_batch(self.run_id, params=items[i:i + BATCH], synchronous=True)
+        self.log_batch(params={k: v for k, v in params.items() if v is not None})
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None,
                     timestamp_ms: int | None = None) -> None:
         """Log scalar metrics at `step` (0 when not given), stamped `timestamp_ms` (default: now);
         non-numbers are refused by float()."""
         now = timestamp_ms or int(time.time() * 1000)
-        items = [Metric(str(k), float(v), now, int(step or 0)) for k, v in metrics.items()]
-        for i in range(0, len(items), BATCH):
-            self.client.log_batch(self.run_id, metrics=items[i:i + BATCH], synchronous=True)
+        self.log_batch(metrics=[(k, v, now, step or 0) for k, v in metrics.items()])
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         """Set run tags (values as strings)."""
-        items = [RunTag(str(k), str(v)) for k, v in tags.items()]
-        for i in range(0, len(items), BATCH):
-            self.client.log_batch(self.run_id, tags=items[i:i + BATCH], synchronous=True)
+        self.log_batch(tags=tags)
+
+    def log_batch(self, params: Mapping[str, Any] | None = None, metrics: list[tuple] = (),
+                  tags: Mapping[str, str] | None = None) -> None:
+        """Log params, metrics (`(key, value, timestamp_ms, step)`) and tags in as few calls as
+        MLflow's limits per call allow."""
+        items = ([Param(str(k), str(v)[:PARAM_CHARS]) for k, v in (params or {}).items()],
+                 [Metric(str(k), float(v), int(t), int(s)) for k, v, t, s in metrics],
+                 [RunTag(str(k), str(v)) for k, v in (tags or {}).items()])
+        for i in range(0, max(map(len, items)), BATCH):
+            self.client.log_batch(self.run_id, params=items[0][i:i + BATCH], metrics=items[1][i:i + BATCH],
+                                  tags=items[2][i:i + BATCH], synchronous=True)
 
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
         """Attach a file, or a directory's contents under `artifact_path` (default: its name)."""
@@ -83,7 +89,8 @@ class MlflowTracker(Tracker):
     def register_model(self, name: str, artifact_path: str, **kwargs: Any) -> str:
         """Register `artifact_path` of this run as a new version of model `name` and point the
         alias (`alias=`, default `candidate`) at it. `description=` describes the version; every
-        other keyword (e.g. `backend=`) becomes a version tag."""
+        other keyword (e.g. `backend=`) becomes a version tag. The version's files are a logged model
+        of this run (`log_model`), which links it to this run and its pipeline run."""
         alias = kwargs.pop("alias", "candidate")
         description = kwargs.pop("description", None)
         tags = {str(k): str(v) for k, v in {**kwargs.pop("tags", {}), **kwargs}.items()}
@@ -92,19 +99,45 @@ class MlflowTracker(Tracker):
         except MlflowException as err:
             if err.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
-        version = self.client.create_model_version(
-            name, source=f"{self.artifact_uri.rstrip('/')}/{artifact_path}", run_id=self.run_id,
-            tags=tags, description=description)
+        model = self.log_model(name, artifact_path)
+        version = self.client.create_model_version(name, source=model.artifact_location, run_id=self.run_id,
+                                                   tags=tags, description=description, model_id=model.model_id)
+        # what the UI reads to show a logged model's versions (a tracking server sets it, a local store does not)
+        self.client.set_logged_model_tags(
+            model.model_id, {MODEL_VERSIONS_TAG: json.dumps([{"name": name, "version": str(version.version)}])})
         if alias:
             self.client.set_registered_model_alias(name, alias, version.version)
         self.set_tags({"ctrflow.registered_model": f"{name}/{version.version}"})
         return str(version.version)
 
-    def close(self, status: str = "FINISHED") -> None:
-        """End the run with `status` (FINISHED, FAILED or KILLED); later calls do nothing."""
+    def log_model(self, name: str, artifact_path: str):
+        """A logged model named `name` holding a copy of this run's `artifact_path`, an output of this
+        run and of its pipeline run. MLflow 3 registers versions from logged models, lists them in the
+        experiment's Models tab and shows a run the versions of its output models."""
+        from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+
+        from ctrflow.registry import quiet_artifact_transfers
+
+        model = self.client.create_logged_model(self.experiment_id, name=name, source_run_id=self.run_id,
+                                                model_type="ctrflow")
+        with tempfile.TemporaryDirectory(prefix="ctrflow-model-") as tmp, quiet_artifact_transfers():
+            self.client.log_model_artifacts(model.model_id, self.client.download_artifacts(self.run_id, artifact_path, tmp))
+        self.client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
+        for run_id in filter(None, (self.run_id, self.parent_run_id)):
+            self.client.log_outputs(run_id, [LoggedModelOutput(model.model_id, 0)])
+        return model
+
+    def close(self, status: str = "FINISHED", end_ms: int | None = None) -> None:
+        """End the run with `status` (FINISHED, FAILED or KILLED) at `end_ms` (default: now); later
+        calls do nothing."""
         if not self._closed:
-            self.client.set_terminated(self.run_id, status)
+            self.client.set_terminated(self.run_id, status, end_time=end_ms)
             self._closed = True
+
+
+def open_store(uri: str, experiment: str) -> None:
+    """Open the store at `uri` and make sure `experiment` exists: the slow part of a first run."""
+    ensure_experiment(MlflowClient(tracking_uri=uri), uri, experiment)
 
 
 def ensure_experiment(client: MlflowClient, uri: str, name: str) -> str:
@@ -183,6 +216,6 @@ def finish_pipeline_run(uri: str, experiment: str, kfp_run_id: str, status: str)
         return None
     parent = MlflowTracker(uri, run_id=parents[0].info.run_id)
     children = client.search_runs([found.experiment_id], f"tags.`{PARENT_TAG}` = '{parent.run_id}'")
-    summarize_pipeline_run(client, found.experiment_id, parent.run_id, children)
+    summarize_pipeline_run(client, parent.run_id, children)
     parent.close(status)
     return parent.run_id

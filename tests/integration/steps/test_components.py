@@ -191,6 +191,11 @@ def test_track_data_logs_synth_and_preprocess_child_runs(chain, tmp_path):
     assert by_step["preprocess"].data.tags["vocab_hash"] == chain["data"].metadata["vocab_hash"]
     assert by_step["synth"].data.metrics["teacher_auc_day_1"] == chain["raw"].metadata["teacher_auc"]["day_1"]
     assert all(r.data.tags["kfp.run_id"] == "kfp-1" for r in runs)
+    # each run spans the time its step ran, not the moment it was logged: synth before preprocess
+    synth, preprocess = by_step["synth"].info, by_step["preprocess"].info
+    stats = json.loads(Path(chain["data"].path, "stats.json").read_text())
+    assert synth.start_time <= synth.end_time <= preprocess.start_time < preprocess.end_time
+    assert preprocess.end_time - preprocess.start_time == pytest.approx(stats["passes"]["total_seconds"] * 1000, abs=2)
 
 
 def test_the_daily_preprocessing_grows_the_previous_vocabularies(tmp_path):
