@@ -20,8 +20,8 @@ Prints one JSON line: samples/s of each path, the naive baseline, the best fast 
 GPU, batch, precision, world size, peak memory. With `--quality-steps N` it also trains the plain fp32
 path (`EmbeddingCollection`, torch optimizers) and the eager fast path in each precision timed on the
 same batches (tables capped) and compares their AUC. `--small` runs in seconds on a CPU. Imports only
-torch, triton and ctrflow. `dlrmv2_tables`, `make_batches` and `build_path` are the pieces other
-benchmarks of this shape reuse.
+torch, triton and ctrflow. `dlrmv2_tables`, `make_batches`, `fast_tables` and `build_path` are the pieces
+other benchmarks of this shape reuse (`dlrmv2_scale.py`: the shape on N GPUs).
 """
 
 from __future__ import annotations
