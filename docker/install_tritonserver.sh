@@ -9,7 +9,8 @@ LIBPYTHON="$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("LIBDI
 STUB="$ROOT/tritonserver/python_backend_stubs/$VERSION/triton_python_backend_stub"
 [ -x "$STUB" ] || { echo "nvidia-pytriton has no python backend stub for Python $VERSION" >&2; exit 1; }
 mkdir -p /opt/tritonserver/backends/python
-cp "$ROOT"/tritonserver/backends/python/* "$STUB" /opt/tritonserver/backends/python/
+find "$ROOT/tritonserver/backends/python" -maxdepth 1 -type f -exec cp {} /opt/tritonserver/backends/python/ \;
+cp "$STUB" /opt/tritonserver/backends/python/
 cat > /usr/local/bin/tritonserver <<SCRIPT
 #!/bin/sh
 export LD_LIBRARY_PATH="$LIBPYTHON:$(dirname "$ROOT")/nvidia_pytriton.libs\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
