@@ -91,6 +91,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_parameter_flags(submit)
     configure_schedule(sub)
     configure_launch_spec(sub)
+    from ctrflow_pipelines.trainjob import configure as configure_train_job
+
+    configure_train_job(sub)
 
 
 def configure_schedule(sub) -> None:
@@ -209,7 +212,7 @@ def parameter_values(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Do the chosen action, its tasks in `--image` when given; prints where its result is."""
-    if args.action == "launch-spec":  # its --image is the job's, not the tasks'
+    if args.action in ("launch-spec", "train-job"):  # their --image is the job's, not the tasks'
         return run_action(args)
     from ctrflow_pipelines.compile import tasks_in
 
@@ -228,6 +231,10 @@ def run_action(args: argparse.Namespace) -> int:
         for pipeline in [chosen] if chosen else PIPELINES:
             print(f"wrote {compile_pipeline(args.out or COMMITTED_FILES[pipeline], pipeline)}")
         return 0
+    if args.action == "train-job":
+        from ctrflow_pipelines.trainjob import run_command
+
+        return run_command(args)
     if args.action == "launch-spec":
         where = write_launch_spec(args)
         if where != "stdout":
