@@ -83,9 +83,10 @@ def run_train_job(name: str, train_args: list[str], num_nodes: int, gpus_per_nod
         raise UserError(f"--backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     client = trainer_client(backend, namespace)
     resources = {"gpu": gpus_per_node} if gpus_per_node else None
+    tracking = {"MLFLOW_TRACKING_URI": os.environ["MLFLOW_TRACKING_URI"]} if os.environ.get("MLFLOW_TRACKING_URI") else {}
     trainer = CustomTrainer(func=train_on_node, func_args={"argv": list(train_args)}, image=image,
                             num_nodes=num_nodes, resources_per_node=resources,
-                            env={"PYTHONUNBUFFERED": "1", "MLFLOW_TRACKING_URI": os.environ.get("MLFLOW_TRACKING_URI", "")})
+                            env={"PYTHONUNBUFFERED": "1", **tracking})
     client.train(runtime=client.get_runtime(RUNTIME), trainer=trainer, options=[Name(name)])
     try:
         last = follow_logs(client, name, echo)

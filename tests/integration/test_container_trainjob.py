@@ -1,7 +1,7 @@
 """`ctrflow train` as a Kubeflow Trainer TrainJob on two nodes, each a container of the training image
 (the kubeflow SDK's container backend through a Docker engine or podman), gloo on the CPU, the
-rendezvous over the job's own network: the losses of one process, step by step. A job that fails
-names itself and shows its last log lines."""
+rendezvous over the job's own network: the losses of one process, step by step, and a checkpoint that
+resumes on one process. A job that fails names itself and shows its last log lines."""
 
 from __future__ import annotations
 
@@ -48,7 +48,12 @@ def test_two_container_nodes_log_the_losses_of_one_process(home, train_image, tm
     got, ref = losses(job_folder(name) / "ckpt"), losses(tmp_path / "one")
     assert len(got) == len(ref) == STEPS
     assert max(abs(a - b) / abs(b) for a, b in zip(got, ref)) <= 1e-4
-    assert (job_folder(name) / "ckpt" / "step_00000006").is_dir()  # a checkpoint to resume from
+    # a node lost mid-run leaves the checkpoints before it: the 2-node one resumes on one process
+    resumed = tmp_path / "resumed"
+    assert main(["train", *train_flags(str(data), str(resumed)), "--resume",
+                 str(job_folder(name) / "ckpt" / "step_00000006")]) == 0
+    assert len(losses(resumed)) == STEPS
+    assert max(abs(a - b) / abs(b) for a, b in zip(losses(resumed)[6:], ref[6:])) <= 1e-4
     assert any(re.fullmatch(r"\s*processes\s+2", line) for line in lines), lines[-40:]  # node 0's log, streamed
 
 
