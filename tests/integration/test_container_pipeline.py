@@ -20,7 +20,7 @@ DOCKER_EXPERIMENT, DOCKER_MODEL = EXPERIMENT + "-docker", MODEL_NAME + "_docker"
 
 
 @pytest.fixture(scope="module")
-def docker_run(mlflow_server, tmp_path_factory, train_image):
+def docker_run(train_image, mlflow_server, tmp_path_factory):  # no engine: skip before any server starts
     """The conftest's pipeline run, parameter for parameter, in containers of the training image."""
     from ctrflow_pipelines.compile import tasks_in
     from ctrflow_pipelines.local import run_local, summarize_local_run
@@ -54,7 +54,7 @@ def test_every_task_ran_in_the_image(docker_run, train_image):
     assert log.count(f"Found image '{train_image}'") == len(tasks)
 
 
-def test_same_mlflow_runs_and_metrics_as_the_subprocess_runner(client, docker_run, pipeline_run):
+def test_same_mlflow_runs_and_metrics_as_the_subprocess_runner(docker_run, client, pipeline_run):
     assert client.get_run(docker_run["mlflow_run_id"]).info.status == "FINISHED"
     ours = step_runs(client, DOCKER_EXPERIMENT, docker_run["mlflow_run_id"])
     theirs = step_runs(client, EXPERIMENT, pipeline_run["mlflow_run_id"])
@@ -68,7 +68,7 @@ def test_same_mlflow_runs_and_metrics_as_the_subprocess_runner(client, docker_ru
     assert ours["evaluate"].data.metrics["auc"] == pytest.approx(docker_run["auc"])
 
 
-def test_registered_and_exported_as_the_subprocess_runner(client, docker_run):
+def test_registered_and_exported_as_the_subprocess_runner(docker_run, client):
     version = client.get_model_version_by_alias(docker_run["model_name"], "candidate")
     assert str(version.version) == docker_run["registered_version"] == "1"
     assert float(version.tags["auc"]) == pytest.approx(docker_run["auc"])
