@@ -9,7 +9,7 @@ checkpoint folder must be on storage every node mounts: on a cluster, what the r
 the container backend, the job's folder (`job_folder`), mounted at /workspace in every node.
 
 The call waits for the job, printing node 0's log as it comes; a job that fails, or is deleted,
-raises a one-line error with the job's name and the last lines of its log.
+raises an error naming the job, with the last lines of its log.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@
 #   TRAIN_BASE   the training image's BASE (default: the Dockerfile's CUDA PyTorch image)
 #   SERVE_BASE   the serving image's BASE (default: the Dockerfile's Triton image)
 #   SERVE_ARGS   more build arguments of the serving image, e.g. "WITH_TORCH=1 TRITON_WHEEL=nvidia-pytriton==0.7.0"
-#   HOST_PIP=1   the build's pip uses this machine's pip settings (its find-links folders, mounted
-#                read-only, and CA bundle) and network: for machines whose registry is a mirror
+#   HOST_PIP=1   (podman) the build's pip uses this machine's pip settings (its find-links folders,
+#                mounted read-only, and CA bundle) and network: for machines whose registry is a mirror
 # Prints each image's build time and size.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,11 +31,17 @@ fi
 
 flags=()
 if [[ "${HOST_PIP:-0}" == 1 ]]; then
+  if [[ "$engine" != podman ]]; then  # docker build mounts no folders
+    echo "build_images: error: HOST_PIP=1 needs podman" >&2
+    exit 2
+  fi
   flags+=(--network host)
   links="$(python3 -m pip config get global.find-links 2>/dev/null || echo "${PIP_FIND_LINKS:-}")"
-  for dir in $links; do [[ -d "$dir" ]] && flags+=(-v "$dir:$dir:ro"); done
-  [[ -n "$links" ]] && flags+=(--build-arg "PIP_FIND_LINKS=$links")
-  [[ -d /etc/ssl/certs ]] && flags+=(-v /etc/ssl/certs:/etc/ssl/certs:ro)
+  for dir in $links; do
+    if [[ -d "$dir" ]]; then flags+=(-v "$dir:$dir:ro"); fi
+  done
+  if [[ -n "$links" ]]; then flags+=(--build-arg "PIP_FIND_LINKS=$links"); fi
+  if [[ -d /etc/ssl/certs ]]; then flags+=(-v /etc/ssl/certs:/etc/ssl/certs:ro); fi
 fi
 
 build() {  # build NAME DOCKERFILE [BUILD_ARG...]
