@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-unit browser serving
+.PHONY: setup demo test test-unit browser serving images podman images-local test-containers
 
 setup: $(VENV)/.installed
 
@@ -30,3 +30,25 @@ test: setup browser serving
 
 test-unit: setup
 	$(BIN)/python -m pytest -q tests/unit
+
+# Container images (docker/README.md): both built with docker or podman, whichever runs here, on the
+# Dockerfiles' CUDA bases. IMAGE_REPO and IMAGE_TAG name them (default localhost/ctrflow/...:0.1.0).
+images:
+	bash scripts/build_images.sh
+
+# podman + runc and a Debian base image, for a Debian machine without Docker (needs root).
+LOCAL_BASE ?= localhost/ctrflow-base:bookworm
+podman:
+	bash scripts/setup_podman.sh $(LOCAL_BASE)
+
+# Both images on that Debian base, with this machine's pip settings: CPU torch, and the serving
+# image's tritonserver from nvidia-pytriton (python backend).
+images-local: podman
+	HOST_PIP=1 TRAIN_BASE=$(LOCAL_BASE) SERVE_BASE=$(LOCAL_BASE) \
+	    SERVE_ARGS="WITH_TORCH=1 TRITON_WHEEL=nvidia-pytriton==0.7.0" bash scripts/build_images.sh
+
+# The pipeline in its containers, a two-node TrainJob, the serving image (they skip without an engine).
+test-containers: setup images-local
+	$(BIN)/pip install -q -c constraints.txt -e ".[dev,kubeflow]"
+	$(BIN)/python -m pytest -q tests/integration/test_container_pipeline.py \
+	    tests/integration/test_container_trainjob.py tests/integration/test_container_serving.py

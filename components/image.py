@@ -1,3 +1,19 @@
-"""The container image every component runs in (docker/Dockerfile.train builds and tags it)."""
+"""The container image every component runs in (docker/Dockerfile.train builds it).
 
-TRAIN_IMAGE = "ghcr.io/ctrflow/ctrflow-train:0.1.0"
+A setting, not a published tag: `$CTRFLOW_IMAGE` when set, else the name `make images` gives a
+local build. `ctrflow pipeline compile|run|submit|schedule --image` set it for one command."""
+
+import os
+
+IMAGE_ENV = "CTRFLOW_IMAGE"
+LOCAL_IMAGE = "localhost/ctrflow/ctrflow-train:0.1.0"
+TRAIN_IMAGE = os.environ.get(IMAGE_ENV) or LOCAL_IMAGE
+
+
+def use_image(pipeline, image: str):
+    """`pipeline` (a @dsl.pipeline) with every container task's image set to `image`; returns it."""
+    executors = pipeline.pipeline_spec.deployment_spec["executors"]
+    for name in executors:
+        if "container" in executors[name]:  # importers have none
+            executors[name]["container"]["image"] = image
+    return pipeline

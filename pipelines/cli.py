@@ -44,17 +44,31 @@ def add_pipeline_choice(parser: argparse.ArgumentParser, default: str | None = "
                              f"training (default {default or 'both'})")
 
 
+def add_image_flag(parser: argparse.ArgumentParser) -> None:
+    """`--image`: the container image of every task."""
+    from ctrflow_components.image import IMAGE_ENV, TRAIN_IMAGE
+
+    parser.add_argument("--image", default=None, help=f"container image of every task (default: ${IMAGE_ENV}, "
+                                                       f"else {TRAIN_IMAGE}, what `make images` builds)")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     """Sub-commands of `ctrflow pipeline`."""
     sub = parser.add_subparsers(dest="action", metavar="<action>", required=True)
     compile_ = sub.add_parser("compile", help="write the pipelines' IR YAML")
     add_pipeline_choice(compile_, default=None)
     compile_.add_argument("--out", default=None, help="YAML file to write (default: pipeline.yaml and "
-                          "daily_pipeline.yaml, the committed files; with --out, one --pipeline)")
+                          "daily_pipeline.yaml, the committed files; with --out, one pipeline: ctrflow "
+                          "unless --pipeline says)")
+    add_image_flag(compile_)
 
     local = sub.add_parser("run", help="run the whole pipeline on this machine")
     local.add_argument("--local", action="store_true", required=True,
-                       help="use KFP's local subprocess runner (to run on a cluster, see `submit`)")
+                       help="run on this machine with KFP's local runner (to run on a cluster, see `submit`)")
+    local.add_argument("--runner", choices=("subprocess", "docker"), default="subprocess",
+                       help="subprocess: every task in this Python environment; docker: every task in its "
+                            "container image, through a Docker engine or podman (default subprocess)")
+    add_image_flag(local)
     local.add_argument("--pipeline-root", default="runs/pipeline", help="folder of task outputs")
     add_pipeline_choice(local)
     local.add_argument("--days", nargs="+", default=None, metavar="PATTERN",
@@ -73,9 +87,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     submit.add_argument("--vertex-region", default="us-central1", help="Vertex AI region")
     submit.add_argument("--pipeline-root", default=None, help="gs:// folder for Vertex AI task outputs")
     submit.add_argument("--service-account", default=None, help="service account of the Vertex AI job")
+    add_image_flag(submit)
     add_parameter_flags(submit)
     configure_schedule(sub)
     configure_launch_spec(sub)
+    from ctrflow_pipelines.trainjob import configure as configure_train_job
+
+    configure_train_job(sub)
 
 
 def configure_schedule(sub) -> None:
@@ -93,6 +111,7 @@ def configure_schedule(sub) -> None:
                           help="runs at the same time (default 1: a day starts after the previous one ended)")
     schedule.add_argument("--catchup", action="store_true",
                           help="after a pause, run the missed days too (default: only the newest)")
+    add_image_flag(schedule)
     add_parameter_flags(schedule)
 
 
@@ -192,17 +211,30 @@ def parameter_values(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Do the chosen action; prints where its result is."""
+    """Do the chosen action, its tasks in `--image` when given; prints where its result is."""
+    if args.action in ("launch-spec", "train-job"):  # their --image is the job's, not the tasks'
+        return run_action(args)
+    from ctrflow_pipelines.compile import tasks_in
+
+    with tasks_in(args.image):
+        return run_action(args)
+
+
+def run_action(args: argparse.Namespace) -> int:
+    """Do the chosen action."""
     from ctrflow.errors import UserError
 
     if args.action == "compile":
         from ctrflow_pipelines.compile import COMMITTED_FILES, PIPELINES, compile_pipeline
 
-        if args.out and not args.pipeline:
-            raise UserError("--out writes one pipeline: give --pipeline ctrflow or --pipeline daily")
-        for pipeline in [args.pipeline] if args.pipeline else PIPELINES:
+        chosen = args.pipeline or ("ctrflow" if args.out else None)
+        for pipeline in [chosen] if chosen else PIPELINES:
             print(f"wrote {compile_pipeline(args.out or COMMITTED_FILES[pipeline], pipeline)}")
         return 0
+    if args.action == "train-job":
+        from ctrflow_pipelines.trainjob import run_command
+
+        return run_command(args)
     if args.action == "launch-spec":
         where = write_launch_spec(args)
         if where != "stdout":
@@ -246,10 +278,10 @@ def run_locally(args: argparse.Namespace, arguments: dict[str, Any]) -> int:
         raise UserError("--days: one daily cycle per pattern; give --pipeline daily")
     try:
         if args.pipeline == "daily":
-            for day in run_days(args.pipeline_root, arguments, args.days, log_file=args.log):
+            for day in run_days(args.pipeline_root, arguments, args.days, log_file=args.log, runner=args.runner):
                 print(json.dumps(day), flush=True)
         else:
-            run_dir = run_local(args.pipeline_root, arguments, log_file=args.log)
+            run_dir = run_local(args.pipeline_root, arguments, log_file=args.log, runner=args.runner)
             print(json.dumps(summarize_local_run(Path(run_dir)), indent=2))
     except RuntimeError as err:  # the failed task's own log says why
         where = f" (task logs: {args.log})" if args.log else ""

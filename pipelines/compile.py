@@ -3,9 +3,11 @@ are this output)."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 from pathlib import Path
+from typing import Iterator
 
 from kfp import compiler
 
@@ -25,6 +27,20 @@ def pipeline_function(pipeline: str = "ctrflow"):
     from ctrflow_pipelines.pipeline import ctrflow_pipeline
 
     return ctrflow_pipeline
+
+
+@contextlib.contextmanager
+def tasks_in(image: str | None) -> Iterator[None]:
+    """Within: every task of both pipelines runs in `image` (None: the components' own image)."""
+    from ctrflow_components.image import TRAIN_IMAGE, use_image
+
+    for pipeline in PIPELINES if image else ():
+        use_image(pipeline_function(pipeline), image)
+    try:
+        yield
+    finally:
+        for pipeline in PIPELINES if image else ():
+            use_image(pipeline_function(pipeline), TRAIN_IMAGE)
 
 
 def compile_pipeline(out: str | os.PathLike = COMMITTED, pipeline: str = "ctrflow") -> Path:

@@ -1,7 +1,11 @@
-"""Run the whole pipeline on this machine with KFP's local runner (no Kubernetes, no Docker).
+"""Run the whole pipeline on this machine with KFP's local runner (no Kubernetes).
 
-Every task runs as a subprocess of this Python environment, so ctrflow must be installed here.
-Outputs land under `pipeline_root/<pipeline>-<timestamp>/<task>/<output>`.
+With the subprocess runner every task runs as a subprocess of this Python environment, so ctrflow
+must be installed here. With the docker runner every task runs in its container image, through a
+Docker engine or a podman service started for the run (`ctrflow_pipelines.engine`): the pipeline
+root, the folder of a local MLflow store and every absolute path given as an argument are mounted
+at the same paths, on the host's network (a tracking server on the host answers at its own
+address). Outputs land under `pipeline_root/<pipeline>-<timestamp>/<task>/<output>`.
 """
 
 from __future__ import annotations
@@ -51,20 +55,22 @@ class TaskProgress(io.TextIOBase):
 
 
 def run_local(pipeline_root: str | os.PathLike, arguments: dict[str, Any],
-              log_file: str | os.PathLike | None = None, pipeline: str = "ctrflow", append: bool = False) -> Path:
+              log_file: str | os.PathLike | None = None, pipeline: str = "ctrflow", append: bool = False,
+              runner: str = "subprocess") -> Path:
     """Run `pipeline` ("ctrflow" or "daily") with `arguments` (its parameter values) under
-    `pipeline_root`; returns the run's output folder. With `log_file`, the tasks' logs go there (after
-    what it holds with `append`) and the console shows one line per task start and end. Raises RuntimeError naming the failed task."""
+    `pipeline_root` with `runner` ("subprocess" or "docker"); returns the run's output folder. With
+    `log_file`, the tasks' logs go there (after what it holds with `append`) and the console shows one
+    line per task start and end. Raises RuntimeError naming the failed task."""
     if log_file is None:
-        return _run(pipeline_root, arguments, pipeline)
+        return _run(pipeline_root, arguments, pipeline, runner)
     import sys
 
     with open(log_file, "a" if append else "w") as log, contextlib.redirect_stdout(TaskProgress(log, sys.stdout)):
-        return _run(pipeline_root, arguments, pipeline)
+        return _run(pipeline_root, arguments, pipeline, runner)
 
 
 def run_days(pipeline_root: str | os.PathLike, arguments: dict[str, Any], days: list[str] | None,
-             log_file: str | os.PathLike | None = None) -> Iterator[dict[str, Any]]:
+             log_file: str | os.PathLike | None = None, runner: str = "subprocess") -> Iterator[dict[str, Any]]:
     """The daily pipeline once per pattern of `days` (its `day_files`; None: once, as `arguments` say),
     in order, each day starting from the state the one before recorded; yields each day's headline."""
     from ctrflow.daily import DailyState
@@ -75,25 +81,47 @@ def run_days(pipeline_root: str | os.PathLike, arguments: dict[str, Any], days: 
     state_dir = arguments["state"] if "://" in arguments["state"] else str(Path(arguments["state"]).resolve())
     for k, pattern in enumerate(days or [arguments.get("day_files")]):
         given = {**arguments, "state": state_dir, **({"day_files": pattern} if pattern is not None else {})}
-        run_dir = run_local(pipeline_root, given, log_file=log_file, pipeline="daily", append=k > 0)
+        run_dir = run_local(pipeline_root, given, log_file=log_file, pipeline="daily", append=k > 0, runner=runner)
         state = DailyState.load(state_dir)
         yield {"day_files": pattern, "run_dir": str(run_dir), "day": state.day,
                **(state.history[-1] if state.history else {})}
 
 
-def _run(pipeline_root: str | os.PathLike, arguments: dict[str, Any], pipeline: str = "ctrflow") -> Path:
+def _run(pipeline_root: str | os.PathLike, arguments: dict[str, Any], pipeline: str, runner: str) -> Path:
     import builtins
+
+    from ctrflow_pipelines.engine import docker_api
 
     printing = builtins.print
     try:
-        return _run_pipeline(pipeline_root, arguments, pipeline)
+        with docker_api() if runner == "docker" else contextlib.nullcontext():
+            return _run_pipeline(pipeline_root, arguments, pipeline, runner)
     finally:
         # KFP's runner indents task output by swapping `print` for a wrapper and back, per task; tasks
         # in parallel threads restore each other's wrappers, leaving a print that indents everything after
         builtins.print = printing
 
 
-def _run_pipeline(pipeline_root: str | os.PathLike, arguments: dict[str, Any], pipeline: str) -> Path:
+def docker_runner(arguments: dict[str, Any]):
+    """KFP's DockerRunner on the host's network, with the folder of a local MLflow store and every
+    absolute path among `arguments` (or its folder, for a file) mounted at the same path."""
+    import kfp.local
+    from docker.types import Mount
+
+    folders = set()
+    for value in arguments.values():
+        if isinstance(value, str) and value.startswith("sqlite:///"):  # a store made on first use
+            store = Path(value.removeprefix("sqlite:///")).parent
+            store.mkdir(parents=True, exist_ok=True)
+            folders.add(str(store))
+        elif isinstance(value, str) and Path(value).is_absolute() and Path(value).exists():
+            folders.add(value if Path(value).is_dir() else str(Path(value).parent))
+    mounts = [Mount(target=folder, source=folder, type="bind") for folder in sorted(folders)]
+    # shared memory for DataLoader workers and torchrun's processes
+    return kfp.local.DockerRunner(network_mode="host", mounts=mounts, shm_size="1g")
+
+
+def _run_pipeline(pipeline_root: str | os.PathLike, arguments: dict[str, Any], pipeline: str, runner: str) -> Path:
     import kfp.local
 
     from ctrflow_pipelines.compile import pipeline_function
@@ -102,7 +130,8 @@ def _run_pipeline(pipeline_root: str | os.PathLike, arguments: dict[str, Any], p
     root.mkdir(parents=True, exist_ok=True)
     arguments = {**arguments,
                  "mlflow_tracking_uri": absolute_tracking_uri(arguments.get("mlflow_tracking_uri", ""))}
-    kfp.local.init(runner=kfp.local.SubprocessRunner(use_venv=False), pipeline_root=str(root))
+    chosen = docker_runner(arguments) if runner == "docker" else kfp.local.SubprocessRunner(use_venv=False)
+    kfp.local.init(runner=chosen, pipeline_root=str(root))
     before = set(root.iterdir())
     with warnings.catch_warnings():
         # expected here: the image, display names and GPU requests only matter on a cluster

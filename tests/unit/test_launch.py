@@ -120,3 +120,17 @@ def test_cli_writes_yaml_and_json(tmp_path):
     out = tmp_path / "job.json"
     assert main(["pipeline", "launch-spec", "--kind", "vertex", "--num-nodes", "2", "--out", str(out), "--", *TRAIN]) == 0
     assert [p["replicaCount"] for p in json.loads(out.read_text())["jobSpec"]["workerPoolSpecs"]] == [1, 1]
+
+
+def test_train_job_refuses_a_bad_shape_before_starting_anything(capsys):
+    assert main(["pipeline", "train-job", "--num-nodes", "0", "--backend", "container", "--", "--data", "d"]) == 2
+    assert "--num-nodes must be at least 1" in capsys.readouterr().err
+
+
+def test_train_job_without_a_cluster_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("kubeflow.trainer")
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert main(["pipeline", "train-job", "--num-nodes", "2", "--", "--data", "d", "--out", "o"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no Kubernetes cluster to run the TrainJob on" in err and len(err.splitlines()) == 1

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ctrflow.cli import build_parser
+from ctrflow.cli import build_parser, main
 from ctrflow.errors import UserError
 
 pytest.importorskip("kfp")
@@ -156,6 +156,26 @@ def test_cli_flags_become_pipeline_parameters():
     args = build_parser(argv).parse_args(argv)
     assert parameter_values(args) == {"synth_rows": 1000, "model": "dcnv2", "learning_rate": 0.01,
                                       "dataset": "movielens-like"}
+
+
+def images_of(path: Path) -> set[str]:
+    """The container images a compiled pipeline's tasks run in."""
+    executors = next(yaml.safe_load_all(path.read_text()))["deploymentSpec"]["executors"]
+    return {e["container"]["image"] for e in executors.values() if "container" in e}
+
+
+def test_compile_out_writes_the_main_pipeline_in_the_image_given(tmp_path, capsys):
+    from ctrflow_components.image import TRAIN_IMAGE
+
+    assert main(["pipeline", "compile", "--out", str(tmp_path / "p.yaml"), "--image", "registry.example/ctr:7"]) == 0
+    assert next(yaml.safe_load_all((tmp_path / "p.yaml").read_text()))["pipelineInfo"]["name"] == "ctrflow"
+    assert images_of(tmp_path / "p.yaml") == {"registry.example/ctr:7"}
+    assert main(["pipeline", "compile", "--out", str(tmp_path / "d.yaml"), "--pipeline", "daily"]) == 0
+    assert images_of(tmp_path / "d.yaml") == {TRAIN_IMAGE}  # --image held for its own command only
+
+
+def test_committed_pipelines_name_the_local_build_not_a_published_tag():
+    assert images_of(COMMITTED) == images_of(DAILY_COMMITTED) == {"localhost/ctrflow/ctrflow-train:0.1.0"}
 
 
 class FakeKfpApi(BaseHTTPRequestHandler):
