@@ -108,6 +108,9 @@ FLAGS: list[tuple[str, str, dict[str, Any], str]] = [
     ("--sharding", "sharding", {}, "how N processes split the embedding tables (auto: planned from sizes and "
                                    "memory)"),
     ("--plan", "plan", {"type": optional(str), "metavar": "FILE"}, "JSON sharding plan: per-table choices"),
+    ("--embedding-memory-gib", "embedding_memory_gib", {"type": optional(float), "metavar": "GIB"},
+     "per process: device memory the tables may take with their optimizer state; the tables beyond it live "
+     "in host memory with a device cache of their hot rows (none: all on the device)"),
     ("--embedding", "embedding", {}, "tables: fused (Triton kernels, optimizer step in backward; auto: on CUDA, "
                                      "under torchrun each rank's shards unless a table is column-wise) or plain "
                                      "PyTorch"),
