@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 import torch
+import yaml
 
 from ctrflow.cli import main
 from tests.fixtures.training import write_processed
@@ -71,3 +72,12 @@ def test_checkpoints_cross_between_cached_and_device_runs(data_dir, tmp_path):
     on_cached = _train(data_dir, tmp_path / "on_cached", 30, "--resume", str(tmp_path / "on_cached"), *BUDGET)
     on_device = _train(data_dir, tmp_path / "on_device", 30, "--resume", str(tmp_path / "on_device"))
     _assert_same_checkpoint(on_cached, on_device)
+
+
+def test_print_config_shows_each_tables_placement_as_comments(data_dir, capsys):
+    assert main(["train", "--data", str(data_dir), "--batch-size", "64", "--eval-batch-size", "128",
+                 "--print-config", *BUDGET]) == 0
+    printed = capsys.readouterr().out
+    assert yaml.safe_load(printed)["embedding_memory_gib"] == 0.004  # still a config file
+    rows = [line for line in printed.splitlines() if line.startswith("# t_C")]
+    assert len(rows) == 26 and any("host, cache" in r for r in rows) and any(r.endswith("device") for r in rows)

@@ -188,6 +188,25 @@ def host_tier(config: TrainConfig, world_size: int) -> HostTier | None:
                     lambda t: choose_kind(t, optim.sparse, optim.large_table_rows) == "adam")
 
 
+def describe_placement(config: TrainConfig, world_size: int) -> str:
+    """The tables' sharding and placement as a run of `config` on `world_size` processes plans them on
+    the plain path (the model built from the data's schema, its tables never drawn): what
+    `--print-config` shows with `--embedding-memory-gib`."""
+    from ctrflow.accel.parallelize import model_tables, plan_model
+    from ctrflow.contract.schema import Schema
+    from ctrflow.embedding.collection import deferred_tables
+    from ctrflow.models import build_model
+
+    m = config.model
+    with deferred_tables():
+        model = build_model(m.name, Schema.load(config.data.path), m.embedding_dim, seed=config.seed,
+                            embedding_init_scale=m.embedding_init_scale, **m.arch_kwargs())
+    memory_of = sparse_memory(config.optim)
+    plan = plan_model(model, world_size, config.sharding, config.plan, memory_of=memory_of,
+                      host_tier=host_tier(config, world_size))
+    return plan.describe(model_tables(model), memory_of)
+
+
 def resolved_config(config: TrainConfig, plan: RunPlan) -> dict[str, Any]:
     """`config.to_dict()` with each `auto` replaced by what `plan` chose (the sharding and the sparse
     optimizer summarized per kind where tables differ): a record of the run, beside the config asked for."""
