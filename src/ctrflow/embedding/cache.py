@@ -77,7 +77,7 @@ class HostCache:
         """Bring the rows of `ids` (any shape) into the cache and queue their slots for `slots`.
         `train`: the batch's step will update its rows (they are written back when evicted)."""
         if self.stream is None or self.step_issued is None:
-            self.queued.append((ids.shape, self._place(ids.reshape(-1), train).view(ids.shape), None))
+            self._queue_in_line(ids, train)
             return
         self.stream.wait_event(self.step_issued)  # the steps before the current one are done with their rows
         with torch.cuda.stream(self.stream):
@@ -90,7 +90,7 @@ class HostCache:
         """The cache slots of `ids`, as the oldest queued prefetch placed them (prefetched in line,
         under the caller's grad mode, when none is queued)."""
         if not self.queued:
-            self.prefetch(ids, torch.is_grad_enabled())
+            self._queue_in_line(ids, torch.is_grad_enabled())
         shape, slots, ready = self.queued.popleft()
         if shape != ids.shape:
             raise RuntimeError(f"host cache: looked up ids of shape {list(ids.shape)}, but the next prefetched "
@@ -103,6 +103,12 @@ class HostCache:
             self.step_issued = torch.cuda.Event()
             self.step_issued.record(torch.cuda.current_stream(self.device))
         return slots
+
+    @torch.no_grad()
+    def _queue_in_line(self, ids: torch.Tensor, train: bool) -> None:
+        """Prefetch on the current stream (after the side stream's queued work)."""
+        self._settle()
+        self.queued.append((ids.shape, self._place(ids.reshape(-1), train).view(ids.shape), None))
 
     def _place(self, ids: torch.Tensor, train: bool) -> torch.Tensor:
         """Cache every row of flat `ids`, returning their slots."""
@@ -163,7 +169,14 @@ class HostCache:
     @torch.no_grad()
     def flush(self) -> None:
         """Write every dirty cached row back to the host (the rows stay cached)."""
+        self._settle()
         self._write_back(self.dirty.nonzero().squeeze(1))
+
+    def _settle(self) -> None:
+        """CUDA: the current stream waits for the prefetches queued on the side stream (they change the
+        bookkeeping and the cache rows that in-line work reads)."""
+        if self.stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self.stream)
 
     def whole(self) -> torch.Tensor:
         """All rows, current (the host store after a flush; not a copy)."""
