@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import runpy
 from pathlib import Path
 
 import pytest
@@ -13,10 +13,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests
 
 
 def test_small_run_prints_one_json_line_comparing_cached_and_device_tables(capsys):
-    spec = importlib.util.spec_from_file_location("host_tier", SCRIPT)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    record = bench.main(["--small"])
+    record = runpy.run_path(str(SCRIPT))["main"](["--small"])
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1 and json.loads(lines[0]) == record
     assert record["tables"] == 26 and record["ids_per_sample"] == 214 and record["gpu"] == "cpu"
