@@ -81,3 +81,10 @@ def test_print_config_shows_each_tables_placement_as_comments(data_dir, capsys):
     assert yaml.safe_load(printed)["embedding_memory_gib"] == 0.004  # still a config file
     rows = [line for line in printed.splitlines() if line.startswith("# t_C")]
     assert len(rows) == 26 and any("host, cache" in r for r in rows) and any(r.endswith("device") for r in rows)
+
+
+def test_fused_tables_asked_for_with_tables_in_host_memory_are_refused(data_dir, tmp_path, capsys):
+    code = main(["train", "--data", str(data_dir), "--out", str(tmp_path / "ckpt"), "--batch-size", "64",
+                 "--eval-batch-size", "128", "--embedding", "fused", "--tracking-uri", "none", *BUDGET])
+    assert code == 2
+    assert "--embedding fused does not serve tables in host memory" in capsys.readouterr().err

@@ -124,6 +124,9 @@ def plan_run(config: TrainConfig, runtime: Runtime, model: nn.Module, loader: st
     tiered = config.embedding_memory_gib is not None
     sharding = _plan_sharding(config, runtime, model, fused) if runtime.distributed or tiered else None
     if fused and sharding is not None and sharding.on_host():  # tables in host memory: the plain path
+        if config.embedding == "fused":
+            raise UserError("--embedding fused does not serve tables in host memory yet; use --embedding auto "
+                            "or plain, or a larger --embedding-memory-gib")
         fused = all_fused = False
         sharding = _plan_sharding(config, runtime, model, fused)
     # row-wise tables make the all-to-all sizes depend on the ids: no graph, no in-place exchange

@@ -207,7 +207,3 @@ class HostCache:
         self.id_of.fill_(-1)
         self.used.fill_(NEVER)
         self.queued.clear()
-
-    def hit_rate(self) -> float:
-        """Share of the distinct rows of the batches so far found already cached."""
-        return self.rows_hit / max(self.rows_looked_up, 1)

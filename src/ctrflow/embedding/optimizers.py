@@ -1,6 +1,6 @@
 """Sparse per-table optimizers: SGD, row-wise Adagrad, Adam and LazyAdam.
 
-Updates read the batch's gradient rows only (duplicate ids summed by coalescing): SGD, row-wise
+Updates read the batch's gradient rows only (duplicate ids summed first): SGD, row-wise
 Adagrad and LazyAdam touch only those rows; Adam decays the moments of every row, exactly like
 `torch.optim.Adam` fed the dense gradient (affordable on small tables). With `l2` every touched row's
 summed gradient gets `+ l2 * w` first (`ctrflow.embedding.regularize`). State lives beside each
@@ -196,6 +196,9 @@ class SparseOptimizer(torch.optim.Optimizer):
                     cache.load_state(key, part)
                 else:
                     state[key] = part.to(p.device).clone()
+            if cache is not None:  # state never stepped is zero, as a table on the device would create it
+                for key in set(cache.state) - set(saved):
+                    cache.load_state(key, torch.zeros_like(cache.host_state[key]))
             self.state[p] = cache.state if cache is not None else state
 
 
