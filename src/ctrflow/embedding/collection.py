@@ -113,12 +113,12 @@ class EmbeddingCollection(HostTables, nn.Module):
                                   else init_table(t, seed, i)) for i, t in enumerate(self.tables)}
         )
 
-    def materialize(self) -> None:
-        """Draw the tables of a deferred collection (no-op otherwise)."""
+    def materialize(self, device: torch.device | str = "cpu") -> None:
+        """Draw the tables of a deferred collection onto `device`, one at a time (no-op otherwise)."""
         if self.deferred:
             for i, t in enumerate(self.tables):
                 if t.name not in self.caches:
-                    self.weights[t.name] = nn.Parameter(init_table(t, self.seed, i))
+                    self.weights[t.name] = nn.Parameter(init_table(t, self.seed, i).to(device))
             self.deferred = False
 
     def place_on_host(self, name: str, cache_rows: int, device: torch.device | str) -> None:
