@@ -116,6 +116,8 @@ def test_a_cache_smaller_than_two_batches_of_rows_is_refused_with_advice():
     cached(torch.arange(0, 4).view(4, 1))
     with pytest.raises(UserError, match="cannot hold a batch's 4 distinct rows.*--embedding-memory-gib"):
         cached(torch.arange(4, 8).view(4, 1))
+    with pytest.raises(UserError, match="cannot hold a batch's 9 distinct rows"):
+        cached(torch.arange(20, 29).view(9, 1))
 
 
 def test_dense_adam_on_a_table_in_host_memory_is_refused():

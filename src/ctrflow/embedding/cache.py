@@ -12,8 +12,10 @@ row is the same wherever it lives, so a cached table trains bitwise like one kep
 
 Prefetch and lookup are two calls so that the next batch's rows can move while the current step
 runs: `prefetch(ids)` queues the batch's slots; the forward's `slots(ids)` takes them in order (or
-prefetches in line when none is queued). On CUDA a prefetch queued ahead runs on a side stream that
-waits for the steps before the one being looked up; on the CPU it runs in line.
+prefetches in line when none is queued). On CUDA a prefetch runs on a side stream, after the work
+queued before it (the ids, and the steps whose rows it may evict), and the lookup waits for it; its
+device-to-host reads (miss counts, evicted rows) still hold the calling thread, so the step's later
+work is queued only after them. On the CPU it runs in line.
 """
 
 from __future__ import annotations
@@ -54,7 +56,6 @@ class HostCache:
         self.queued: deque = deque()  # (ids shape, slots, ready event or None), in prefetch order
         self.rows_looked_up = self.rows_hit = 0  # distinct rows per batch, and those already cached
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self.step_issued = None  # CUDA: recorded when a batch's slots are taken (its step follows)
 
     @property
     def cache_rows(self) -> int:
@@ -76,10 +77,10 @@ class HostCache:
     def prefetch(self, ids: torch.Tensor, train: bool = True) -> None:
         """Bring the rows of `ids` (any shape) into the cache and queue their slots for `slots`.
         `train`: the batch's step will update its rows (they are written back when evicted)."""
-        if self.stream is None or self.step_issued is None:
+        if self.stream is None:
             self._queue_in_line(ids, train)
             return
-        self.stream.wait_event(self.step_issued)  # the steps before the current one are done with their rows
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))  # the ids, the rows' last updates
         with torch.cuda.stream(self.stream):
             slots = self._place(ids.reshape(-1), train).view(ids.shape)
             ready = torch.cuda.Event()
@@ -99,9 +100,6 @@ class HostCache:
             main = torch.cuda.current_stream(self.device)
             main.wait_event(ready)
             slots.record_stream(main)
-        if self.stream is not None:
-            self.step_issued = torch.cuda.Event()
-            self.step_issued.record(torch.cuda.current_stream(self.device))
         return slots
 
     @torch.no_grad()
@@ -134,8 +132,8 @@ class HostCache:
     def _victims(self, n: int, batch_rows: int) -> torch.Tensor:
         """The `n` least recently used slots outside the current and the previous batch."""
         key = torch.where(self.used >= self.batches - 1, KEPT, self.used)
-        victims = torch.topk(key, n, largest=False, sorted=False).indices
-        if bool((key[victims] == KEPT).any()):
+        victims = torch.topk(key, min(n, self.cache_rows), largest=False, sorted=False).indices
+        if n > self.cache_rows or bool((key[victims] == KEPT).any()):
             raise UserError(f"host cache of {self.cache_rows:,} rows cannot hold a batch's {batch_rows:,} distinct "
                             f"rows beside the previous batch's; raise --embedding-memory-gib or lower the batch size")
         return victims
