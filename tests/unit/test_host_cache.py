@@ -7,51 +7,23 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ctrflow.embedding.collection import EmbeddingCollection, deferred_tables
+from ctrflow.embedding.collection import EmbeddingCollection
 from ctrflow.embedding.optimizers import SparseOptimizer
 from ctrflow.embedding.tables import TableConfig
 from ctrflow.errors import UserError
 from tests.fixtures.bags import bag_batches, bag_tables
+from tests.fixtures.host_tier import cached_collection, train, whole, zipf_batches
 
 ONE_HOT = [TableConfig("t_a", 500, 4, "C1"), TableConfig("t_b", 3, 4, "C2"), TableConfig("t_c", 300, 4, "C3")]
 STEPS, BATCH = 50, 16
 
 
-def _zipf_batches(tables, steps=STEPS, batch=BATCH, seed=0):
-    """Skewed ids (a few hot rows, a long tail), as production lookups are."""
-    gen = torch.Generator().manual_seed(seed)
-    cols = []
-    for t in tables:
-        weights = 1.0 / torch.arange(1, t.num_embeddings + 1, dtype=torch.float64)
-        cols.append(torch.multinomial(weights, steps * batch * t.length, replacement=True, generator=gen)
-                    .view(steps, batch, t.length))
-    return list(torch.cat(cols, dim=2).unbind(0))
-
-
-def _train(collection, batches, kind, prefetch_ahead=False):
-    readout = torch.linspace(-1.0, 1.0, len(collection.tables) * 4).view(-1, 4)
-    opt = SparseOptimizer(collection, kind, lr=0.05, l2=1e-3)
-    if prefetch_ahead:
-        collection.prefetch(batches[0])
-    for k, ids in enumerate(batches):
-        out = collection(ids)
-        if prefetch_ahead and k + 1 < len(batches):  # the next batch's rows move before this step's update
-            collection.prefetch(batches[k + 1])
-        loss = torch.tanh((out * readout).sum(-1)).pow(2).sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return opt
+def _zipf_batches(tables, steps=STEPS, seed=0):
+    return zipf_batches(tables, steps, BATCH, seed)
 
 
 def _cached(tables, cache_rows, seed=3):
-    with deferred_tables():
-        coll = EmbeddingCollection(tables, seed=seed)
-    for t in tables:
-        if t.num_embeddings > 10:
-            coll.place_on_host(t.name, cache_rows, "cpu")
-    coll.materialize()
-    return coll
+    return cached_collection(tables, cache_rows, seed=seed)
 
 
 @pytest.mark.parametrize("kind", ["sgd", "adagrad", "lazy_adam"])
@@ -61,19 +33,17 @@ def test_a_cached_collection_trains_bitwise_like_one_on_the_device(kind, shape):
     batches = _zipf_batches(tables) if shape == "one_hot" else bag_batches(tables, BATCH, STEPS)
     plain = EmbeddingCollection(tables, seed=3)
     cached = _cached(tables, cache_rows=4 * BATCH * 4)  # a sixth of t_a's rows: evictions every step
-    plain_opt, cached_opt = _train(plain, batches, kind), _train(cached, batches, kind)
+    expected, got = whole(plain, train(plain, batches, kind)), whole(cached, train(cached, batches, kind))
     assert cached.cache_hit_rate() < 1.0
-    for t in tables:
-        assert torch.equal(cached.full_table(t.name), plain.full_table(t.name)), t.name
-        for key in plain_opt.state_keys(t.name):
-            assert torch.equal(cached_opt.whole_state(t.name, key), plain_opt.whole_state(t.name, key)), (t.name, key)
+    assert sorted(got) == sorted(expected)
+    assert [k for k in expected if not torch.equal(got[k], expected[k])] == []
 
 
 def test_prefetching_the_next_batch_during_a_step_changes_no_number():
     batches = _zipf_batches(ONE_HOT)
     inline, ahead = _cached(ONE_HOT, 2 * BATCH), _cached(ONE_HOT, 2 * BATCH)
-    _train(inline, batches, "adagrad")
-    _train(ahead, batches, "adagrad", prefetch_ahead=True)
+    train(inline, batches, "adagrad")
+    train(ahead, batches, "adagrad", prefetch_ahead=True)
     for t in ONE_HOT:
         assert torch.equal(ahead.full_table(t.name), inline.full_table(t.name))
 
@@ -101,8 +71,8 @@ def test_evicted_rows_are_written_back_and_read_again_with_their_state():
 def test_evaluation_reads_through_the_cache_without_dirtying_it():
     batches = _zipf_batches(ONE_HOT, steps=5)
     plain, cached = EmbeddingCollection(ONE_HOT, seed=3), _cached(ONE_HOT, 2 * BATCH)
-    _train(plain, batches, "lazy_adam")
-    _train(cached, batches, "lazy_adam")
+    train(plain, batches, "lazy_adam")
+    train(cached, batches, "lazy_adam")
     for t in ONE_HOT:
         cached.full_table(t.name)  # written back: nothing dirty
     with torch.no_grad():
@@ -129,19 +99,13 @@ def test_dense_adam_on_a_table_in_host_memory_is_refused():
 def test_whole_tables_and_state_load_into_a_cached_collection_and_out_again():
     batches = _zipf_batches(ONE_HOT, steps=8)
     plain = EmbeddingCollection(ONE_HOT, seed=3)
-    plain_opt = _train(plain, batches, "adagrad")
+    plain_opt = train(plain, batches, "adagrad")
     cached = _cached(ONE_HOT, 2 * BATCH, seed=9)
     cached_opt = SparseOptimizer(cached, "adagrad", lr=0.05, l2=1e-3)
     cached(batches[0])  # rows of the old weights in the cache: a load must drop them
     cached.load_full_weights(plain.full_weights())
     cached_opt.load_state_dict(plain_opt.state_dict())
     more = _zipf_batches(ONE_HOT, steps=6, seed=2)
-    for coll, opt in ((plain, plain_opt), (cached, cached_opt)):
-        readout = torch.linspace(-1.0, 1.0, 12).view(3, 4)
-        for ids in more:
-            loss = torch.tanh((coll(ids) * readout).sum(-1)).pow(2).sum()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    for t in ONE_HOT:
-        assert torch.equal(cached.full_table(t.name), plain.full_table(t.name))
+    expected, got = (whole(coll, train(coll, more, "adagrad", opt=opt))
+                     for coll, opt in ((plain, plain_opt), (cached, cached_opt)))
+    assert [k for k in expected if not torch.equal(got[k], expected[k])] == []
