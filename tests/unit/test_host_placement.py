@@ -78,3 +78,8 @@ def test_placements_round_trip_through_plan_files_and_describe_shows_them():
     assert again == plan
     text = plan.describe(TABLES, adagrad)
     assert "host, cache" in text and "device" in text
+
+
+def test_tables_that_must_stay_on_the_device_but_exceed_the_budget_are_refused():
+    with pytest.raises(UserError, match="rank 0 needs .* MiB for the tables that stay on the device"):
+        _place(plan_sharding(TABLES, 1), 8, device_only=lambda t: t.name.startswith("t_big"))

@@ -75,6 +75,10 @@ def place_in_budget(plan: ShardingPlan, tables: list[TableConfig], tier: HostTie
                 reserve -= least
             else:
                 host.append((t, s))
+        if used > tier.budget:
+            raise UserError(f"embedding memory budget too small: rank {rank} needs {used / 2**20:,.1f} MiB for the "
+                            f"tables that stay on the device (replicated, dense Adam, or no larger than two batches' "
+                            f"ids), budget {tier.budget / 2**20:,.1f} MiB; raise --embedding-memory-gib")
         caches = _cache_rows(host, tier.budget - used, memory_of, tier.batch_ids, rank)
         for (t, s), rows in zip(host, caches):
             placed[(t.name, s.rank)] = replace(s, placement=HOST, cache_rows=rows)
