@@ -10,7 +10,9 @@ model from `build_model` (its tables deferred: drawn where they land), always in
    (`ctrflow.accel.dense.align_linear_inputs`);
 3. tables and interaction: one process, fused: `embeddings` becomes a `FusedEmbeddingCollection` drawn on
    the device; N processes, fused: the tables fuse as they are sharded (4.); both: a dot interaction
-   becomes the fused one (`ctrflow.accel.fused`); collections left plain are drawn;
+   becomes the fused one (`ctrflow.accel.fused`); one process: the tables the plan keeps in host memory
+   get their host store and device cache (`ctrflow.accel.parallelize.apply_host_placement`; N
+   processes: as they are sharded); collections left plain are drawn;
 4. parallelize: N processes shard the tables by the plan (fused or plain sharded collections), the model
    moves to the device, DDP wraps the dense part where `dense_sync` is "ddp" (`ctrflow.accel.parallelize`);
 5. exchange layout: the fused dot interaction reads the sharded exchange's buffers in place
@@ -44,7 +46,7 @@ from ctrflow.accel.fp8.apply import apply_fp8
 from ctrflow.accel.fp8.cross import Fp8CrossNet
 from ctrflow.accel.fp8.linear import GRAD_DTYPES
 from ctrflow.accel.fused import apply_fused, fused_collections, sharded_options, swap_interactions
-from ctrflow.accel.parallelize import parallelize
+from ctrflow.accel.parallelize import apply_host_placement, parallelize
 from ctrflow.accel.plan import Fp8Plan, RunPlan
 from ctrflow.embedding.collection import materialize_tables
 from ctrflow.models import split_parameters
@@ -74,6 +76,7 @@ def accelerate(model: nn.Module, plan: RunPlan, runtime: Runtime) -> Built:
     elif plan.embedding == "fused":
         apply_fused(model, plan.optim, runtime.device, plan.amp)  # drawn straight into the device buffer
     if not runtime.distributed:
+        apply_host_placement(model, plan.sharding, runtime.device)
         materialize_tables(model)  # what no faster path took (DeepFM's dim-1 first-order tables, the plain path)
     options = sharded_options(plan.optim, plan.amp) if plan.embedding == "fused" and runtime.distributed else None
     # only this process's shards reach the device, never whole tables

@@ -22,6 +22,7 @@ from torch import nn
 
 from ctrflow.embedding.collection import EmbeddingCollection
 from ctrflow.embedding.fused.sharded import FusedShardedEmbeddingCollection
+from ctrflow.embedding.placement import HostTier, place_in_budget
 from ctrflow.embedding.plan import (REPLICATE_BYTES, ShardingPlan, device_memory_budget, plan_sharding,
                                    read_plan_overrides)
 from ctrflow.embedding.sharded import ShardedEmbeddingCollection
@@ -48,15 +49,20 @@ def model_tables(model: nn.Module) -> list[TableConfig]:
 def plan_model(model: nn.Module, world_size: int, sharding: str = "auto", plan_file: str | None = None,
                device: torch.device | str = "cpu", memory_budget: int | None = None,
                memory_of: Callable[[TableConfig], int] | None = None, large: str = "row",
-               replicate_bytes: int = REPLICATE_BYTES) -> ShardingPlan:
+               replicate_bytes: int = REPLICATE_BYTES, host_tier: HostTier | None = None) -> ShardingPlan:
     """The sharding plan of a model's tables: `--sharding` for all, `--plan FILE` per table
     (`large`, `replicate_bytes`: see `plan_sharding`).
 
     Memory per rank: `memory_budget` bytes, else free CUDA memory (the smallest over ranks,
-    so every rank computes the same plan), else unlimited on CPU.
+    so every rank computes the same plan), else unlimited on CPU. With `host_tier`
+    (`--embedding-memory-gib`) the tables are sharded without a memory limit and then placed within
+    its budget, what does not fit in host memory with a device cache (`ctrflow.embedding.placement`).
     """
     tables = model_tables(model)
     overrides = read_plan_overrides(plan_file) if plan_file else None
+    if host_tier is not None:
+        plan = plan_sharding(tables, world_size, sharding, None, memory_of, overrides, replicate_bytes, large)
+        return place_in_budget(plan, tables, host_tier, memory_of or (lambda t: t.bytes))
     budget = memory_budget if memory_budget is not None else device_memory_budget(device)
     if budget is not None and dist.is_initialized() and world_size > 1:
         t = torch.tensor([budget], dtype=torch.int64, device=device)
@@ -78,6 +84,17 @@ def apply_embedding_sharding(model: nn.Module, plan: ShardingPlan, group, device
             sharded = ShardedEmbeddingCollection.from_collection(coll, plan, group, device, check_ids)
         parent_path, _, name = path.rpartition(".")
         setattr(model.get_submodule(parent_path) if parent_path else model, name, sharded)
+
+
+def apply_host_placement(model: nn.Module, plan: ShardingPlan | None, device) -> None:
+    """One process: the tables `plan` keeps in host memory get their host store and device cache
+    (before the other tables are drawn: a host table is drawn into host memory only)."""
+    host = dict(plan.on_host()) if plan is not None else {}
+    for module in model.modules():
+        if isinstance(module, EmbeddingCollection):
+            for t in module.tables:
+                if t.name in host:
+                    module.place_on_host(t.name, host[t.name].cache_rows, device)
 
 
 def apply_data_parallel(model: nn.Module, device: torch.device) -> None:

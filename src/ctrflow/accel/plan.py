@@ -23,6 +23,7 @@ from ctrflow.accel.fused import FUSED_KINDS, FUSED_MIN_DIM, use_fused
 from ctrflow.accel.graphs import use_graphs
 from ctrflow.config import OptimConfig, TrainConfig
 from ctrflow.embedding.optimizers import choose_kind, sparse_memory
+from ctrflow.embedding.placement import HostTier, placement_summary
 from ctrflow.embedding.plan import ShardingPlan
 from ctrflow.errors import UserError
 from ctrflow.models.layers import DotInteraction
@@ -55,7 +56,9 @@ class RunPlan:
     processes: int = 1
     embedding: str = "plain"  # fused (tables train themselves in backward) | plain
     sparse_kinds: Mapping[str, str] = field(default_factory=dict)  # table -> its optimizer
-    sharding: ShardingPlan | None = None  # N processes: which rank holds which rows of every table
+    # N processes: which rank holds which rows of every table; with --embedding-memory-gib (any number of
+    # processes) also which shards live in host memory with a device cache
+    sharding: ShardingPlan | None = None
     dense_sync: str = "none"  # N processes: ddp | average (`DenseAverage` in the step); alone: none
     dense_comm: str = "own"  # average: the all-reduce on a communicator of its own | shared (the default one)
     cuda_graphs: bool = False  # the whole step replayed as one CUDA graph
@@ -86,6 +89,7 @@ class RunPlan:
         table): what the run prints, writes into its checkpoints and logs as tracker params."""
         return {"device": self.device, "processes": self.processes, "embedding": self.embedding,
                 "sparse_optimizer": _counted(self.sparse_kinds.values()), "sharding": self.sharding_summary(),
+                "placement": placement_summary(self.sharding),
                 "dense_sync": self.dense_sync, "cuda_graphs": _on(self.cuda_graphs), "compile": self.compile,
                 **{f"precision.{k}": v for k, v in self.precision().items()},
                 "align_linear": _on(self.align_linear), "exchange_in_place": _on(self.exchange_in_place),
@@ -93,7 +97,7 @@ class RunPlan:
 
     def sharding_summary(self) -> str:
         """"none" (one process), one sharding type, or tables per type ("table 20, data 6")."""
-        if self.sharding is None:
+        if self.sharding is None or self.processes == 1:  # one process: a plan only for the placement
             return "none"
         return _counted(tp.sharding for tp in self.sharding.tables.values())
 
@@ -117,7 +121,14 @@ def plan_run(config: TrainConfig, runtime: Runtime, model: nn.Module, loader: st
     collections = [c for c in (model.embeddings, model.linear_embeddings) if c is not None]
     fused = use_fused(config, runtime) and model.embeddings.embedding_dim >= FUSED_MIN_DIM
     all_fused = fused and all(c.embedding_dim >= FUSED_MIN_DIM for c in collections)
-    sharding = _plan_sharding(config, runtime, model, fused) if runtime.distributed else None
+    tiered = config.embedding_memory_gib is not None
+    sharding = _plan_sharding(config, runtime, model, fused) if runtime.distributed or tiered else None
+    if fused and sharding is not None and sharding.on_host():  # tables in host memory: the plain path
+        if config.embedding == "fused":
+            raise UserError("--embedding fused does not serve tables in host memory yet; use --embedding auto "
+                            "or plain, or a larger --embedding-memory-gib")
+        fused = all_fused = False
+        sharding = _plan_sharding(config, runtime, model, fused)
     # row-wise tables make the all-to-all sizes depend on the ids: no graph, no in-place exchange
     static = sharding is None or all(sharding.tables[t.name].sharding != "row" for t in model.embeddings.tables)
     graphs = use_graphs(config, runtime, all_fused, static)
@@ -156,15 +167,47 @@ def _resolved_optim(optim: OptimConfig, model: nn.Module) -> OptimConfig:
 
 
 def _plan_sharding(config: TrainConfig, runtime: Runtime, model: nn.Module, fused: bool) -> ShardingPlan:
-    """The tables' placement over the processes (`--sharding`, `--plan`, memory); the fused path's
-    auto plan keeps large tables whole where they fit (static all-to-all sizes) and replicates tables
-    up to 32 MiB."""
+    """The tables' placement over the processes (`--sharding`, `--plan`, memory) and, with
+    `--embedding-memory-gib`, in device or host memory; the fused path's auto plan keeps large tables
+    whole where they fit (static all-to-all sizes) and replicates tables up to 32 MiB."""
     from ctrflow.accel.parallelize import plan_model  # the sharded collections' code, for N processes only
     from ctrflow.embedding.plan import FUSED_REPLICATE_BYTES, REPLICATE_BYTES
 
     return plan_model(model, runtime.world_size, config.sharding, config.plan, runtime.device,
                       memory_of=sparse_memory(config.optim), large="table" if fused else "row",
-                      replicate_bytes=FUSED_REPLICATE_BYTES if fused else REPLICATE_BYTES)
+                      replicate_bytes=FUSED_REPLICATE_BYTES if fused else REPLICATE_BYTES,
+                      host_tier=host_tier(config, runtime.world_size))
+
+
+def host_tier(config: TrainConfig, world_size: int) -> HostTier | None:
+    """`--embedding-memory-gib` as the placement planner takes it (None: no host tier). A cache must
+    hold the ids of a global train batch or of an evaluation batch from every process; dense Adam
+    steps every row each step, so its tables stay on the device."""
+    if config.embedding_memory_gib is None:
+        return None
+    optim = config.optim
+    return HostTier(int(config.embedding_memory_gib * 2**30),
+                    max(config.data.batch_size, config.data.eval_batch_size * world_size),
+                    lambda t: choose_kind(t, optim.sparse, optim.large_table_rows) == "adam")
+
+
+def describe_placement(config: TrainConfig, world_size: int) -> str:
+    """The tables' sharding and placement as a run of `config` on `world_size` processes plans them on
+    the plain path (the model built from the data's schema, its tables never drawn): what
+    `--print-config` shows with `--embedding-memory-gib`."""
+    from ctrflow.accel.parallelize import model_tables, plan_model
+    from ctrflow.contract.schema import Schema
+    from ctrflow.embedding.collection import deferred_tables
+    from ctrflow.models import build_model
+
+    m = config.model
+    with deferred_tables():
+        model = build_model(m.name, Schema.load(config.data.path), m.embedding_dim, seed=config.seed,
+                            embedding_init_scale=m.embedding_init_scale, **m.arch_kwargs())
+    memory_of = sparse_memory(config.optim)
+    plan = plan_model(model, world_size, config.sharding, config.plan, memory_of=memory_of,
+                      host_tier=host_tier(config, world_size))
+    return plan.describe(model_tables(model), memory_of)
 
 
 def resolved_config(config: TrainConfig, plan: RunPlan) -> dict[str, Any]:

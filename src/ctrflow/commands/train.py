@@ -3,7 +3,8 @@
 Runs alone (one process, CPU or one GPU) or under `torchrun --nproc-per-node N -m ctrflow train`.
 The run is `--config FILE|PRESET` (optional) with the flags given on the command line over it; every
 field of `ctrflow.config.TrainConfig` has a flag, each registered model's own settings included (a
-flag per setting name, from `ctrflow.models`). `--print-config` prints the whole as YAML and exits.
+flag per setting name, from `ctrflow.models`). `--print-config` prints the whole as YAML and exits
+(with `--embedding-memory-gib` and `--data`, the tables' placement after it, as YAML comments).
 """
 
 from __future__ import annotations
@@ -108,6 +109,9 @@ FLAGS: list[tuple[str, str, dict[str, Any], str]] = [
     ("--sharding", "sharding", {}, "how N processes split the embedding tables (auto: planned from sizes and "
                                    "memory)"),
     ("--plan", "plan", {"type": optional(str), "metavar": "FILE"}, "JSON sharding plan: per-table choices"),
+    ("--embedding-memory-gib", "embedding_memory_gib", {"type": optional(float), "metavar": "GIB"},
+     "per process: device memory the tables may take with their optimizer state; the tables beyond it live "
+     "in host memory with a device cache of their hot rows (none: all on the device)"),
     ("--embedding", "embedding", {}, "tables: fused (Triton kernels, optimizer step in backward; auto: on CUDA, "
                                      "under torchrun each rank's shards unless a table is column-wise) or plain "
                                      "PyTorch"),
@@ -207,6 +211,12 @@ def run(args: argparse.Namespace) -> int:
         from ctrflow.config.files import to_yaml
 
         print(to_yaml(config), end="")
+        if config.embedding_memory_gib is not None and config.data.path:  # where each table will live
+            from ctrflow.accel.plan import describe_placement
+
+            world = int(os.environ.get("WORLD_SIZE", 1))
+            print(f"# the tables on {world} process(es) within --embedding-memory-gib {config.embedding_memory_gib}:")
+            print("".join(f"# {line}\n" for line in describe_placement(config, world).splitlines()), end="")
         return 0
     missing = [flag for flag, key, value in (("--data", "data.path", config.data.path), ("--out", "out", config.out))
                if not value]

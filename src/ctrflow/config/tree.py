@@ -139,6 +139,10 @@ class TrainConfig:
     overwrite: bool = False  # --out holds a run and resume is None: remove that run first (else refuse)
     sharding: str = "auto"  # with N processes: auto | table | row | column | data for every table
     plan: str | None = None  # JSON sharding plan file: per-table choices over `sharding`
+    # per process: the device memory the tables may take (weights and optimizer state); the planner keeps
+    # what fits on the device and the rest in host memory with a device cache of hot rows (None: all on
+    # the device, refused where they do not fit; ctrflow.embedding.placement)
+    embedding_memory_gib: float | None = None
     deterministic: bool = False
     embedding: str = "auto"  # auto (fused on CUDA, each rank's shards under torchrun) | fused | plain
     precision: str = "auto"  # dense part: auto (bf16 autocast on CUDA, fp32 elsewhere) | fp32 | bf16

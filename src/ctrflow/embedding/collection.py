@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 
 import torch
 from torch import nn
 
+from ctrflow.embedding.cache import HostCache
+from ctrflow.embedding.host import HostTables
 from ctrflow.embedding.pooling import is_one_hot, pool_bags
 from ctrflow.embedding.tables import TableConfig
 
@@ -85,14 +87,15 @@ def copy_table_rows(collection: nn.Module, index: int, start: int, stop: int, ou
         out[a - start:b - start].copy_(table_rows(collection, index, a, b))
 
 
-class EmbeddingCollection(nn.Module):
+class EmbeddingCollection(HostTables, nn.Module):
     """Ids [B, S] (each table's `length` slots in order: one per categorical feature) -> [B, T, D],
     one vector per table: a one-id table's row as is, a multi-hot table's rows pooled by
     `ctrflow.embedding.pooling.pool_bags` (sum or mean, padding id 0 contributing nothing).
 
     Weights are one parameter per table (`weights[table.name]`); lookups produce sparse
     gradients so that optimizers touch only the rows a batch used. A collection of no tables (a
-    dataset without sparse features) returns [B, 0, D] of `embedding_dim`.
+    dataset without sparse features) returns [B, 0, D] of `embedding_dim`. A table the plan keeps in
+    host memory (`place_on_host`) is served by a `HostCache`, whose device cache is its parameter.
     """
 
     def __init__(self, tables: list[TableConfig], seed: int = 0, embedding_dim: int | None = None):
@@ -104,44 +107,65 @@ class EmbeddingCollection(nn.Module):
         self.embedding_dim = dims.pop()
         self.one_hot = is_one_hot(self.tables)
         self.seed, self.deferred = seed, _DEFERRED.get()
+        self.caches: dict[str, HostCache] = {}
         self.weights = nn.ParameterDict(
             {t.name: nn.Parameter(torch.empty(t.num_embeddings, t.embedding_dim, device="meta") if self.deferred
                                   else init_table(t, seed, i)) for i, t in enumerate(self.tables)}
         )
 
-    def materialize(self) -> None:
-        """Draw the tables of a deferred collection (no-op otherwise)."""
+    def materialize(self, device: torch.device | str = "cpu") -> None:
+        """Draw the tables of a deferred collection onto `device`, one at a time (no-op otherwise)."""
         if self.deferred:
             for i, t in enumerate(self.tables):
-                self.weights[t.name] = nn.Parameter(init_table(t, self.seed, i))
+                if t.name not in self.caches:
+                    self.weights[t.name] = nn.Parameter(init_table(t, self.seed, i).to(device))
             self.deferred = False
+
+    def place_on_host(self, name: str, cache_rows: int, device: torch.device | str) -> None:
+        """Keep table `name` in host memory with a device cache of `cache_rows` rows, its current rows
+        (a deferred table's are drawn straight into host memory)."""
+        i = next(i for i, t in enumerate(self.tables) if t.name == name)
+        t = self.tables[i]
+        self.keep_on_host(name, HostCache(t.num_embeddings, t.embedding_dim, cache_rows, device,
+                                          lambda store: copy_table_rows(self, i, 0, t.num_embeddings, store)))
+
+    def prefetch(self, ids: torch.Tensor, train: bool = True) -> None:
+        """Bring the rows of batch `ids` [B, S] into the caches of the host tables ahead of its forward
+        (which takes the prefetched batches in order; `HostCache`)."""
+        start = 0
+        for t in self.tables:
+            if t.name in self.caches:
+                self.caches[t.name].prefetch(ids[:, start] if self.one_hot else ids[:, start:start + t.length], train)
+            start += t.length
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if not self.tables:
             return torch.zeros(ids.shape[0], 0, self.embedding_dim, device=ids.device)
         if self.one_hot:
-            columns = [
-                nn.functional.embedding(ids[:, i], self.weights[t.name], sparse=True)
-                for i, t in enumerate(self.tables)
-            ]
+            columns = [self.lookup(t.name, ids[:, i]) for i, t in enumerate(self.tables)]
             return torch.stack(columns, dim=1)  # [B, F, D]
         slots, start = [], 0
         for t in self.tables:  # every slot's row, [B, length, D] per table
-            slots.append(nn.functional.embedding(ids[:, start:start + t.length], self.weights[t.name], sparse=True))
+            slots.append(self.lookup(t.name, ids[:, start:start + t.length]))
             start += t.length
         return pool_bags(torch.cat(slots, dim=1), ids, self.tables)  # [B, S, D] -> [B, T, D]
 
     def full_weights(self) -> dict[str, torch.Tensor]:
         """Whole tables by name, for topology-independent checkpoints and export (draws a deferred
         collection's tables first)."""
-        self.materialize()
-        return {t.name: self.weights[t.name].detach() for t in self.tables}
+        return {t.name: self.full_table(t.name) for t in self.tables}
 
     def full_table(self, name: str) -> torch.Tensor:
-        """One whole table (a view): checkpoints are written one table at a time, so the sharded
-        collections, which must gather, never hold two whole tables; this is the same face."""
+        """One whole table (a view; a host table's store): checkpoints are written one table at a
+        time, so the sharded collections, which must gather, never hold two whole tables; this is
+        the same face."""
         self.materialize()
-        return self.weights[name].detach()
+        return self.local_rows(name)
+
+    def load_full_weights(self, tables: Mapping[str, torch.Tensor]) -> None:
+        """Take whole tables by name (e.g. from a checkpoint)."""
+        for t in self.tables:
+            self.load_local_rows(t.name, tables[t.name])
 
 
 def materialize_tables(model: nn.Module) -> None:

@@ -18,6 +18,7 @@ from ctrflow.embedding.comm import group_size
 from ctrflow.embedding.tables import TableConfig
 
 _ON_MAIN: ContextVar[bool] = ContextVar("gathered_on_main", default=False)
+SEND_BYTES = 256 << 20  # one message of a shard sent to the first rank
 
 
 @contextmanager
@@ -59,28 +60,39 @@ def gather_whole(table: TableConfig, tp, local: torch.Tensor | None, group, devi
 def _send_to_main(table: TableConfig, tp, local: torch.Tensor | None, group, device, per_row: bool,
                   shape: tuple) -> torch.Tensor:
     """`gather_whole` under `gathered_on_main`: each shard's holder sends it to the group's first
-    rank, one shard at a time, into a buffer of that shard's size. (A gather needs one buffer per
-    rank of the largest shard's size: a table kept whole on one rank cost world x its size on the
-    first rank's device, 8 x 20 GB for MLPerf's largest table on 8 GPUs.)"""
+    rank, one shard at a time and in chunks of at most `SEND_BYTES`, each through `device` (a gather
+    needs one buffer per rank of the largest shard's size: a table kept whole on one rank cost world x
+    its size on the first rank's device, 8 x 20 GB for MLPerf's largest table on 8 GPUs; a shard kept
+    in host memory may not fit its device at all)."""
     rank = dist.get_rank(group)
     first = dist.get_global_rank(group, 0) if group is not None else 0
     full = torch.empty(shape) if rank == 0 else None
     for s in tp.shards:
         if s.rank == 0 and rank == 0:
             _place(full, s, local.detach().cpu(), per_row)
-        elif rank == s.rank:
-            dist.send(local.detach().float().contiguous(), first, group=group)  # whole tables are fp32
-        elif rank == 0:
-            part = torch.empty((s.num_rows,) if per_row else (s.num_rows, s.num_cols), device=device)
-            holder = dist.get_global_rank(group, s.rank) if group is not None else s.rank
-            dist.recv(part, holder, group=group)
-            _place(full, s, part.cpu(), per_row)
+            continue
+        if rank not in (0, s.rank):
+            continue
+        width = 1 if per_row else s.num_cols
+        step = max(1, SEND_BYTES // (4 * width))
+        for a in range(0, s.num_rows, step):
+            b = min(a + step, s.num_rows)
+            part_shape = (b - a,) if per_row else (b - a, width)
+            if rank == s.rank:  # whole tables are fp32
+                part = local.detach().reshape(s.num_rows, width)[a:b].reshape(part_shape)
+                dist.send(part.float().to(device).contiguous(), first, group=group)
+            else:
+                part = torch.empty(part_shape, device=device)
+                dist.recv(part, dist.get_global_rank(group, s.rank) if group is not None else s.rank, group=group)
+                _place(full, s, part.cpu(), per_row, a)
     return full if rank == 0 else torch.zeros(()).expand(shape)  # the placeholder of `gathered_on_main`
 
 
-def _place(full: torch.Tensor, s, part: torch.Tensor, per_row: bool) -> None:
-    """Shard `s`'s values into the whole table."""
+def _place(full: torch.Tensor, s, part: torch.Tensor, per_row: bool, start: int = 0) -> None:
+    """Shard `s`'s values (or its rows from `start` on) into the whole table."""
+    a = s.rows[0] + start
     if per_row:
-        full[s.rows[0]:s.rows[1]] = part.reshape(-1)
+        full[a:a + part.numel()] = part.reshape(-1)
     else:
-        full[s.rows[0]:s.rows[1], s.cols[0]:s.cols[1]] = part.view(s.num_rows, s.num_cols)
+        rows = part.reshape(-1, s.num_cols)
+        full[a:a + rows.shape[0], s.cols[0]:s.cols[1]] = rows

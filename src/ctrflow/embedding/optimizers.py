@@ -1,10 +1,11 @@
 """Sparse per-table optimizers: SGD, row-wise Adagrad, Adam and LazyAdam.
 
-Updates read the batch's gradient rows only (duplicate ids summed by coalescing): SGD, row-wise
+Updates read the batch's gradient rows only (duplicate ids summed first): SGD, row-wise
 Adagrad and LazyAdam touch only those rows; Adam decays the moments of every row, exactly like
 `torch.optim.Adam` fed the dense gradient (affordable on small tables). With `l2` every touched row's
 summed gradient gets `+ l2 * w` first (`ctrflow.embedding.regularize`). State lives beside each
-table's local shard, so it is sharded with the table; `state_dict()` holds whole-table state, so a
+table's local shard, so it is sharded with the table (a table in host memory: beside its rows there,
+and in its device cache, `ctrflow.embedding.cache`); `state_dict()` holds whole-table state, so a
 checkpoint written on N ranks loads on M.
 """
 
@@ -77,6 +78,17 @@ class SparseOptimizer(torch.optim.Optimizer):
         if not groups:  # a rank may hold no shard at all; torch refuses an empty optimizer
             groups = [{"params": [], "table": None, "dim": 0, "kind": "sgd"}]
         super().__init__(groups, defaults)
+        for group in self.param_groups:
+            cache = self._cache(group["table"])
+            if cache is not None:
+                if group["kind"] == "adam":
+                    raise UserError(f"table {group['table']}: dense adam moves every row each step; a table in "
+                                    "host memory needs lazy_adam, adagrad or sgd")
+                self.state[group["params"][0]] = cache.bind_state(_STATE_KEYS[group["kind"]])
+
+    def _cache(self, name: str | None):
+        """The `HostCache` of this process's part of table `name`, or None (on the device)."""
+        return getattr(self._owner[name], "caches", {}).get(name) if name is not None else None
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -154,8 +166,10 @@ class SparseOptimizer(torch.optim.Optimizer):
         Collective when the table is sharded: every rank calls it, holder or not, in one order.
         Checkpoints write through it one table and key at a time, so no two whole tensors coexist.
         """
-        local = next((self.state.get(g["params"][0], {}) for g in self.param_groups
-                      if g["table"] == name and g["params"]), {}).get(key)
+        cache = self._cache(name)
+        local = cache.whole_state(key) if cache is not None else next(
+            (self.state.get(g["params"][0], {}) for g in self.param_groups if g["table"] == name and g["params"]),
+            {}).get(key)
         gather = getattr(self._owner[name], "gather_table", None)
         if gather is not None:
             return gather(name, local, per_row=key == "sum")
@@ -175,11 +189,17 @@ class SparseOptimizer(torch.optim.Optimizer):
                 raise UserError(f"table {group['table']}: checkpoint used {state_dict['kinds'][group['table']]}, "
                                  f"this run {group['kind']}")
             p, coll = group["params"][0], self._owner[group["table"]]
-            state = {}
+            cache, state = self._cache(group["table"]), {}
             for key, full in saved.items():
                 part = coll.local_slice(group["table"], full) if hasattr(coll, "local_slice") else full
-                state[key] = part.to(p.device).clone()
-            self.state[p] = state
+                if cache is not None:
+                    cache.load_state(key, part)
+                else:
+                    state[key] = part.to(p.device).clone()
+            if cache is not None:  # state never stepped is zero, as a table on the device would create it
+                for key in set(cache.state) - set(saved):
+                    cache.load_state(key, torch.zeros_like(cache.host_state[key]))
+            self.state[p] = cache.state if cache is not None else state
 
 
 _STATE_KEYS = {"sgd": (), "adagrad": ("sum",), "adam": ("exp_avg", "exp_avg_sq"),
@@ -188,10 +208,16 @@ _STATE_KEYS = {"sgd": (), "adagrad": ("sum",), "adam": ("exp_avg", "exp_avg_sq")
 
 def _rows_and_values(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Unique touched rows and their summed gradients; a dense gradient touches every row."""
-    if grad.is_sparse:
-        g = grad.coalesce()  # dedups ids: segment-sum of the duplicate rows
+    if not grad.is_sparse:
+        return torch.arange(grad.shape[0], device=grad.device), grad
+    if grad.is_cuda:
+        g = grad.coalesce()  # dedups ids: segment-sum of the duplicate rows after a stable sort
         return g.indices()[0], g.values()
-    return torch.arange(grad.shape[0], device=grad.device), grad
+    # the CPU's coalesce sorts unstably: the order it sums a row's duplicates in depends on the row
+    # numbers, which differ for a table in host memory (cache slots); index_add_ sums them in batch order
+    rows, inverse = torch.unique(grad._indices()[0], return_inverse=True)
+    values = grad._values()
+    return rows, values.new_zeros(rows.numel(), *values.shape[1:]).index_add_(0, inverse, values)
 
 
 def sparse_memory(cfg):

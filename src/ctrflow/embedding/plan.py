@@ -7,6 +7,8 @@ Sharding types, per table:
 - `row`:    contiguous row ranges, one per rank;
 - `column`: embedding dims split into contiguous ranges, one per rank;
 - `data`:   a full replica on every rank, gradients averaged across ranks.
+Each shard also has a placement (`ctrflow.embedding.placement`): in device memory, or in host memory
+with a device cache of `cache_rows` rows.
 """
 
 from __future__ import annotations
@@ -28,11 +30,15 @@ FUSED_REPLICATE_BYTES = 32 << 20
 
 @dataclass(frozen=True)
 class Shard:
-    """Rows [rows[0], rows[1]) and columns [cols[0], cols[1]) of one table, held by `rank`."""
+    """Rows [rows[0], rows[1]) and columns [cols[0], cols[1]) of one table, held by `rank`: in its
+    device's memory (`placement` "device"), or in its host memory with a device cache of `cache_rows`
+    rows ("host")."""
 
     rank: int
     rows: tuple[int, int]
     cols: tuple[int, int]
+    placement: str = "device"
+    cache_rows: int = 0
 
     @property
     def num_rows(self) -> int:
@@ -71,7 +77,9 @@ class ShardingPlan:
             "tables": {
                 name: {
                     "sharding": tp.sharding,
-                    "shards": [{"rank": s.rank, "rows": list(s.rows), "cols": list(s.cols)} for s in tp.shards],
+                    "shards": [{"rank": s.rank, "rows": list(s.rows), "cols": list(s.cols), "placement": s.placement,
+                                **({"cache_rows": s.cache_rows} if s.placement == "host" else {})}
+                               for s in tp.shards],
                 }
                 for name, tp in self.tables.items()
             },
@@ -83,7 +91,8 @@ class ShardingPlan:
         tables = {
             name: TablePlan(
                 spec["sharding"],
-                tuple(Shard(int(s["rank"]), tuple(s["rows"]), tuple(s["cols"])) for s in spec["shards"]),
+                tuple(Shard(int(s["rank"]), tuple(s["rows"]), tuple(s["cols"]), s.get("placement", "device"),
+                            int(s.get("cache_rows", 0))) for s in spec["shards"]),
             )
             for name, spec in data["tables"].items()
         }
@@ -95,24 +104,35 @@ class ShardingPlan:
 
     def bytes_per_rank(self, tables: list[TableConfig],
                        memory_of: Callable[[TableConfig], int] | None = None) -> list[int]:
-        """Memory each rank holds for these tables (weights, or `memory_of` incl. optimizer state)."""
+        """Device memory each rank holds for these tables (weights, or `memory_of` incl. optimizer
+        state; a shard in host memory: its cache and slot map, `placement.device_bytes`)."""
+        from ctrflow.embedding.placement import device_bytes
+
         memory_of = memory_of or (lambda t: t.bytes)
         totals = [0] * self.world_size
         for t in tables:
             for s in self.tables[t.name].shards:
-                totals[s.rank] += memory_of(t) * s.num_rows * s.num_cols // (t.num_embeddings * t.embedding_dim)
+                totals[s.rank] += device_bytes(t, s, memory_of)
         return totals
 
     def describe(self, tables: list[TableConfig], memory_of: Callable[[TableConfig], int] | None = None) -> str:
-        """A human-readable table of the plan and the memory per rank (printed on rank 0)."""
-        lines = [f"{'table':<16} {'rows':>11} {'dim':>5} {'sharding':<8} ranks"]
+        """A human-readable table of the plan and the device memory per rank (printed on rank 0)."""
+        lines = [f"{'table':<16} {'rows':>11} {'dim':>5} {'sharding':<8} {'ranks':<8} placement"]
         for t in tables:
             tp = self.tables[t.name]
             ranks = ",".join(str(s.rank) for s in tp.shards)
-            lines.append(f"{t.name:<16} {t.num_embeddings:>11} {t.embedding_dim:>5} {tp.sharding:<8} {ranks}")
+            where = ", ".join(dict.fromkeys(f"host, cache {s.cache_rows:,} rows" if s.placement == "host"
+                                            else "device" for s in tp.shards))
+            lines.append(f"{t.name:<16} {t.num_embeddings:>11} {t.embedding_dim:>5} {tp.sharding:<8} {ranks:<8} "
+                         f"{where}")
         per_rank = self.bytes_per_rank(tables, memory_of)
-        lines.append("memory per rank (MiB): " + ", ".join(f"{r}: {b / 2**20:.1f}" for r, b in enumerate(per_rank)))
+        lines.append("device memory per rank (MiB): "
+                     + ", ".join(f"{r}: {b / 2**20:.1f}" for r, b in enumerate(per_rank)))
         return "\n".join(lines)
+
+    def on_host(self) -> list[tuple[str, Shard]]:
+        """(table, shard) of every shard kept in host memory."""
+        return [(name, s) for name, tp in self.tables.items() for s in tp.shards if s.placement == "host"]
 
 
 def shards_for(table: TableConfig, sharding: str, world_size: int, rank: int = 0) -> tuple[Shard, ...]:

@@ -12,6 +12,8 @@ One step on rank r with local ids [b, S] (each table's slots consecutive: one id
 replicated (data-parallel) tables are looked up and pooled locally. Backward runs the exchanges in
 reverse; gradients are divided by the world size, matching DDP's averaging of the dense gradients,
 so a step on N ranks equals a step of the plain collection (and `pool_bags`) on the global batch.
+A shard the plan keeps in host memory is served by a `HostCache` (`ctrflow.embedding.host`), its
+rows brought into the device cache in line, once the ids have reached their owner (step 3).
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ import torch.distributed as dist
 from torch import nn
 
 from ctrflow.embedding.bags import bag_counts, check_slot_ids, is_bag, slot_columns, sort_bag_items
+from ctrflow.embedding.cache import HostCache
 from ctrflow.embedding.collection import table_rows
 from ctrflow.embedding.comm import exchange, exchange_differentiable, group_size, replicated_lookup, scale_grad
 from ctrflow.embedding.gather import gather_whole, gathered_on_main  # noqa: F401  (checkpoints import them here)
+from ctrflow.embedding.host import HostTables
 from ctrflow.embedding.plan import Shard, ShardingPlan
 from ctrflow.embedding.pooling import pool_bags
 from ctrflow.embedding.tables import TableConfig
@@ -33,7 +37,7 @@ from ctrflow.embedding.tables import TableConfig
 Init = Callable[[TableConfig, int, Shard], torch.Tensor]  # (table, table index, shard) -> shard weights
 
 
-class ShardedEmbeddingCollection(nn.Module):
+class ShardedEmbeddingCollection(HostTables, nn.Module):
     """ids [b, S] -> [b, T, D] with tables placed by a `ShardingPlan`; one parameter per local shard.
 
     `weights[table.name]` is this rank's shard of that table (absent where it holds none), so
@@ -55,9 +59,13 @@ class ShardedEmbeddingCollection(nn.Module):
             raise ValueError(f"plan is for {plan.world_size} ranks, process group has {self.world_size}")
         self.check, self.device = check, torch.device(device)
         self.weights = nn.ParameterDict()
+        self.caches: dict[str, HostCache] = {}
         for i, t in enumerate(self.tables):
             shard = plan.tables[t.name].shard_on(self.rank)
-            if shard is not None:
+            if shard is not None and shard.placement == "host":
+                self.keep_on_host(t.name, HostCache(shard.num_rows, shard.num_cols, shard.cache_rows, device,
+                                                    lambda store, t=t, i=i, s=shard: store.copy_(init(t, i, s))))
+            elif shard is not None:
                 self.weights[t.name] = nn.Parameter(init(t, i, shard).to(device))
         # per destination rank: the model-parallel shards it serves, in one order every rank agrees on
         self.served = [[(f, t.name, s) for f, t in enumerate(self.tables) if plan.tables[t.name].sharding != "data"
@@ -243,7 +251,7 @@ class ShardedEmbeddingCollection(nn.Module):
         per_source: list[list[torch.Tensor]] = [[] for _ in recv_items]
         for j, (f, name, _s) in enumerate(served):
             shard_ids = torch.cat([chunks[src * k + j] for src in range(len(recv_items))])
-            emb = nn.functional.embedding(shard_ids, self.weights[name], sparse=True)  # [n, d_shard]
+            emb = self.lookup(name, shard_ids)  # [n, d_shard]
             if f in self.bag_rows:  # partial sums: each id into its bag, bags numbered per source
                 p, first, into = bag_pieces.index(j), 0, []
                 for src, row in enumerate(recv_bags):
@@ -295,7 +303,7 @@ class ShardedEmbeddingCollection(nn.Module):
 
     def full_table(self, name: str) -> torch.Tensor:
         """One whole table, on CPU (collective): checkpoints gather and write one table at a time."""
-        return self.gather_table(name, self.weights[name] if name in self.weights else None)
+        return self.gather_table(name, self.local_rows(name) if name in self.weights else None)
 
     @torch.no_grad()
     def load_full_weights(self, tables: dict[str, torch.Tensor]) -> None:
@@ -307,7 +315,7 @@ class ShardedEmbeddingCollection(nn.Module):
                                  f"expected {(t.num_embeddings, t.embedding_dim)}")
             part = self.local_slice(t.name, full)
             if part is not None:
-                self.weights[t.name].copy_(part)
+                self.load_local_rows(t.name, part)
 
     def reduce_row_sums(self, name: str, partial: torch.Tensor) -> torch.Tensor:
         """Sum per-row partial sums over the column shards of a table (identity unless column-wise)."""

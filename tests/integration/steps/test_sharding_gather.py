@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ctrflow.embedding import gather
 from ctrflow.embedding.plan import plan_sharding
 from ctrflow.embedding.sharded import gather_whole, gathered_on_main
 from ctrflow.embedding.tables import TableConfig
@@ -25,6 +26,7 @@ def shard_of(whole: torch.Tensor, shard, per_row: bool) -> torch.Tensor:
 
 def worker(rank: int, store: str, results) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    gather.SEND_BYTES = 32  # a shard sent to the first rank in messages of 2 rows (8 per-row values)
     checked = 0
     for sharding in ("table", "row", "column"):
         plan = plan_sharding(TABLES, 2, sharding)
