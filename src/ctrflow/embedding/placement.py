@@ -21,13 +21,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from ctrflow.embedding.plan import Shard, ShardingPlan, TablePlan
+from ctrflow.embedding.plan import (DEVICE, HOST, SLOT_BYTES, SLOT_MAP_BYTES, Shard, ShardingPlan, TablePlan,
+                                    device_bytes, row_bytes)
 from ctrflow.embedding.tables import TableConfig
 from ctrflow.errors import UserError
 
-DEVICE, HOST = "device", "host"
-SLOT_MAP_BYTES = 4  # per row of a host shard, on the device: its cache slot (int32; -1: not cached)
-SLOT_BYTES = 17  # per cache slot: the row it holds (int64), its last use (int64), dirty (bool)
 
 
 @dataclass(frozen=True)
@@ -39,18 +37,6 @@ class HostTier:
     budget: int
     batch_ids: int
     device_only: Callable[[TableConfig], bool] = lambda t: False
-
-
-def row_bytes(t: TableConfig, s: Shard, memory_of: Callable[[TableConfig], int]) -> float:
-    """Device bytes of one row of shard `s` with its optimizer state."""
-    return memory_of(t) / t.num_embeddings * s.num_cols / t.embedding_dim
-
-
-def device_bytes(t: TableConfig, s: Shard, memory_of: Callable[[TableConfig], int]) -> int:
-    """Device bytes shard `s` takes: all its rows with their state, or (host) its cache and slot map."""
-    if s.placement == HOST:
-        return int(s.cache_rows * (row_bytes(t, s, memory_of) + SLOT_BYTES) + s.num_rows * SLOT_MAP_BYTES)
-    return memory_of(t) * s.num_rows * s.num_cols // (t.num_embeddings * t.embedding_dim)
 
 
 def place_in_budget(plan: ShardingPlan, tables: list[TableConfig], tier: HostTier,

@@ -26,6 +26,10 @@ REPLICATE_BYTES = 1 << 20  # auto: tables up to 1 MiB are replicated (a dense al
 # the fused path replicates up to 32 MiB (MLPerf: the 8 tables of 2k-40k rows, 60 MB in all): their
 # gradients' all-reduce (~62 MB) costs less than their share of the two bf16 all-to-alls (~200 MB per GPU)
 FUSED_REPLICATE_BYTES = 32 << 20
+# where a shard lives (`ctrflow.embedding.placement` chooses) and what a host shard costs on the device
+DEVICE, HOST = "device", "host"
+SLOT_MAP_BYTES = 4  # per row of a host shard, on the device: its cache slot (int32; -1: not cached)
+SLOT_BYTES = 17  # per cache slot: the row it holds (int64), its last use (int64), dirty (bool)
 
 
 @dataclass(frozen=True)
@@ -105,9 +109,7 @@ class ShardingPlan:
     def bytes_per_rank(self, tables: list[TableConfig],
                        memory_of: Callable[[TableConfig], int] | None = None) -> list[int]:
         """Device memory each rank holds for these tables (weights, or `memory_of` incl. optimizer
-        state; a shard in host memory: its cache and slot map, `placement.device_bytes`)."""
-        from ctrflow.embedding.placement import device_bytes
-
+        state; a shard in host memory: its cache and slot map, `device_bytes`)."""
         memory_of = memory_of or (lambda t: t.bytes)
         totals = [0] * self.world_size
         for t in tables:
@@ -316,3 +318,15 @@ def device_memory_budget(device, fraction: float = 0.85) -> int | None:
         return None
     free, _total = torch.cuda.mem_get_info(device)
     return int(free * fraction)
+
+
+def row_bytes(t: TableConfig, s: Shard, memory_of: Callable[[TableConfig], int]) -> float:
+    """Device bytes of one row of shard `s` with its optimizer state."""
+    return memory_of(t) / t.num_embeddings * s.num_cols / t.embedding_dim
+
+
+def device_bytes(t: TableConfig, s: Shard, memory_of: Callable[[TableConfig], int]) -> int:
+    """Device bytes shard `s` takes: all its rows with their state, or (host) its cache and slot map."""
+    if s.placement == HOST:
+        return int(s.cache_rows * (row_bytes(t, s, memory_of) + SLOT_BYTES) + s.num_rows * SLOT_MAP_BYTES)
+    return memory_of(t) * s.num_rows * s.num_cols // (t.num_embeddings * t.embedding_dim)
