@@ -42,7 +42,7 @@ from ctrflow.accel.accelerate import accelerate
 from ctrflow.accel.plan import RunPlan
 from ctrflow.contract.features import Feature, Features
 from ctrflow.models import build_model
-from ctrflow.train.distributed import Runtime
+from ctrflow.runtime import Runtime
 
 sys.path.insert(0, str(Path(__file__).parent))
 from train_paths import SMALL_ARCH, capture_step, fp8_plan, make_optimizers, make_step  # noqa: E402

@@ -41,7 +41,7 @@ from ctrflow.embedding.optimizers import state_bytes
 from ctrflow.embedding.plan import FUSED_REPLICATE_BYTES, device_memory_budget, plan_sharding, read_plan_overrides
 from ctrflow.loaders.batch import Batch
 from ctrflow.models import build_model, split_parameters
-from ctrflow.train.distributed import close_runtime, init_runtime
+from ctrflow.runtime import close_runtime, init_runtime
 from ctrflow.train.loop import train_step
 from ctrflow.train.optim import Optimizers
 

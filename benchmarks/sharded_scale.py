@@ -48,7 +48,7 @@ from ctrflow.errors import UserError
 from ctrflow.models import build_model
 from ctrflow.accel.accelerate import accelerate
 from ctrflow.accel.plan import RunPlan
-from ctrflow.train.distributed import close_runtime, init_runtime
+from ctrflow.runtime import close_runtime, init_runtime
 from ctrflow.accel.graphs import GraphedStep
 from ctrflow.train.loop import train_step
 from ctrflow.train.optim import Optimizers

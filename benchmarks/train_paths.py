@@ -39,7 +39,7 @@ from ctrflow.embedding.tables import tables_for
 from ctrflow.models import build_model
 from ctrflow.accel.accelerate import accelerate
 from ctrflow.accel.plan import Fp8Plan, RunPlan, plan_run
-from ctrflow.train.distributed import Runtime
+from ctrflow.runtime import Runtime
 from ctrflow.accel.fused import FusedTables
 from ctrflow.accel.graphs import GraphedStep
 from ctrflow.train.loop import train_step

@@ -14,7 +14,7 @@ from ctrflow.contract.criteo import SPARSE
 from ctrflow.errors import UserError
 from ctrflow.models import build_model
 from ctrflow.checkpoint import check_schema, load_model, restore_checkpoint, save_checkpoint
-from ctrflow.train.distributed import init_runtime
+from ctrflow.runtime import init_runtime
 from ctrflow.train.optim import build_optimizers
 from ctrflow.contract.criteo import criteo_features
 

@@ -13,7 +13,7 @@ from ctrflow.errors import UserError
 from ctrflow.checkpoint import (load_model, model_meta, model_state, read_meta, restore_checkpoint, rng_state,
                                       save_checkpoint, sha256)
 from ctrflow.checkpoint.tables import read_model_state
-from ctrflow.train.distributed import init_runtime
+from ctrflow.runtime import init_runtime
 from tests.fixtures.checkpoint import SCHEMA, assert_same, build, config, snapshot, train_steps
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests/conftest.py)

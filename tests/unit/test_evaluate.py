@@ -151,7 +151,7 @@ def _validate_share(rank, world, data, store, results, fused_sharded=False):
 
     from ctrflow.loaders.scan import ScanLoader
     from ctrflow.loaders.stream_plan import ParquetIndex
-    from ctrflow.train.distributed import Runtime
+    from ctrflow.runtime import Runtime
     from ctrflow.train.validate import validate
 
     torch.set_num_threads(1)

@@ -10,7 +10,7 @@ from torch import nn
 from ctrflow.config import TrainConfig
 from ctrflow.errors import UserError
 from ctrflow.models import build_model
-from ctrflow.train.distributed import Runtime
+from ctrflow.runtime import Runtime
 from ctrflow.accel.fp8.apply import apply_fp8
 from ctrflow.accel.fp8.linear import Fp8Linear, quantize_rows
 from ctrflow.accel.plan import autocast_dtype

@@ -23,7 +23,7 @@ from ctrflow.models import build_model
 from ctrflow.tracking import Tracker
 from ctrflow.accel.accelerate import accelerate
 from ctrflow.accel.plan import Fp8Plan, RunPlan, plan_run
-from ctrflow.train.distributed import Runtime
+from ctrflow.runtime import Runtime
 from ctrflow.accel.fp8.cross import AbsorbedFp8Linear, Fp8CrossNet
 from ctrflow.train.loop import train
 from tests.fixtures.training import write_processed

@@ -16,7 +16,7 @@ from ctrflow.models import build_model
 from ctrflow.accel import fused as fused_path
 from ctrflow.checkpoint import load_model, resolve_checkpoint
 from ctrflow.checkpoint.tables import read_model_state, read_optimizer_state
-from ctrflow.train.distributed import Runtime
+from ctrflow.runtime import Runtime
 from ctrflow.train.loop import train
 from ctrflow.contract.features import Features
 from tests.fixtures.training import write_processed

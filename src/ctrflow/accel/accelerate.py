@@ -52,7 +52,7 @@ from ctrflow.embedding.collection import materialize_tables
 from ctrflow.models import split_parameters
 
 if TYPE_CHECKING:
-    from ctrflow.train.distributed import Runtime
+    from ctrflow.runtime import Runtime
 
 
 @dataclass

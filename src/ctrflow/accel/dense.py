@@ -23,7 +23,7 @@ from torch import nn
 from ctrflow.config import TrainConfig
 
 if TYPE_CHECKING:
-    from ctrflow.train.distributed import Runtime
+    from ctrflow.runtime import Runtime
 
 COMPILE_SCOPES = ("off", "head", "parts")
 

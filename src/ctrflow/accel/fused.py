@@ -27,7 +27,7 @@ from ctrflow.models.layers import DotInteraction
 
 if TYPE_CHECKING:
     from ctrflow.models import RankingModel
-    from ctrflow.train.distributed import Runtime
+    from ctrflow.runtime import Runtime
 
 # plain --sparse-optimizer -> (fused kernel's rule, the plain kind whose state format it shares);
 # "auto" on the fused path is LazyAdam for every table (the fused Adam touches only seen rows)

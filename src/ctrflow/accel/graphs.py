@@ -24,7 +24,7 @@ otherwise the loop keeps its eager step (`ctrflow.accel.plan.plan_run` decides).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import torch
 import torch.distributed as dist
@@ -34,12 +34,20 @@ from ctrflow.config import TrainConfig
 from ctrflow.loaders.batch import Batch
 
 if TYPE_CHECKING:
-    from ctrflow.train.distributed import Runtime
-    from ctrflow.train.optim import Optimizers
+    from ctrflow.runtime import Runtime
 
 CAPTURABLE = (torch.optim.Adam, torch.optim.AdamW)  # optimizers whose learning rate may be a device tensor
 CAPTURABLE_DENSE = ("adam", "adamw")  # their `--dense-optimizer` names
-StepFn = Callable[[nn.Module, Batch, "Optimizers", torch.device, "torch.dtype | None"], torch.Tensor]
+
+
+class StepOptimizers(Protocol):
+    """What the graphed step reads of a run's optimizers (`ctrflow.train.optim.Optimizers`)."""
+
+    dense: torch.optim.Optimizer
+    sparse: torch.optim.Optimizer | None
+
+
+StepFn = Callable[[nn.Module, Batch, StepOptimizers, torch.device, "torch.dtype | None"], torch.Tensor]
 
 
 def use_graphs(config: TrainConfig, runtime: Runtime, all_fused: bool, static_exchange: bool = True) -> bool:
@@ -65,7 +73,7 @@ class GraphedStep:
         self.loss: torch.Tensor | None = None
         self.lrs: list[torch.Tensor | float] = []
 
-    def __call__(self, model: nn.Module, batch: Batch, optimizers: Optimizers, device: torch.device,
+    def __call__(self, model: nn.Module, batch: Batch, optimizers: StepOptimizers, device: torch.device,
                  amp: torch.dtype | None = None, next_ids: torch.Tensor | None = None) -> torch.Tensor:
         self._set_lrs(optimizers, device)
         self.calls += 1
@@ -126,7 +134,7 @@ class GraphedStep:
                                  f"!= {tuple(dst.shape)}")
             dst.copy_(src, non_blocking=True)
 
-    def _set_lrs(self, optimizers: Optimizers, device: torch.device) -> None:
+    def _set_lrs(self, optimizers: StepOptimizers, device: torch.device) -> None:
         """The schedule's learning rates (floats the loop writes) into device tensors that the
         captured optimizer step reads; dense optimizer made capturable before its first step.
         Other optimizers (SGD: its step reads a float learning rate on the host) keep the value

@@ -30,7 +30,7 @@ from ctrflow.embedding.tables import TableConfig
 from ctrflow.errors import UserError
 
 if TYPE_CHECKING:
-    from ctrflow.train.distributed import Runtime
+    from ctrflow.runtime import Runtime
 
 
 def model_tables(model: nn.Module) -> list[TableConfig]:

@@ -31,7 +31,7 @@ from ctrflow.models.layers import DotInteraction
 if TYPE_CHECKING:
     from torch import nn
 
-    from ctrflow.train.distributed import Runtime
+    from ctrflow.runtime import Runtime
 
 
 @dataclass(frozen=True)

@@ -38,11 +38,11 @@ from ctrflow.config import TrainConfig
 from ctrflow.errors import UserError
 from ctrflow.models import build_model, embedding_collections
 from ctrflow.contract.schema import Schema
-from ctrflow.checkpoint.tables import read_model_state, read_optimizer_state, save_hashed, write_tables
+from ctrflow.checkpoint.tables import (OptimizerState, read_model_state, read_optimizer_state, save_hashed,
+                                      write_tables)
 
-if TYPE_CHECKING:  # writing needs a training run's objects; reading (serving, predict) never imports train/
-    from ctrflow.train.distributed import Runtime
-    from ctrflow.train.optim import Optimizers
+if TYPE_CHECKING:  # a type only: reading (serving, predict) starts no process group
+    from ctrflow.runtime import Runtime
 
 FORMAT = 2
 
@@ -145,7 +145,7 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def save_checkpoint(out: str | Path, model: nn.Module, optimizers: Optimizers, position: dict[str, int],
+def save_checkpoint(out: str | Path, model: nn.Module, optimizers: OptimizerState, position: dict[str, int],
                     config: TrainConfig, schema: Schema, runtime: Runtime, metrics: dict | None = None,
                     run: dict[str, Any] | None = None, best: bool = False) -> Path:
     """Write `out/step_<step>/` atomically and point `out/latest` (and, with `best`, `out/best`) at
@@ -265,7 +265,7 @@ def check_schema(trained: Schema, data: Schema, what: str) -> None:
                         + (f" (+{len(diffs) - 6} more)" if len(diffs) > 6 else ""))
 
 
-def restore_checkpoint(path: str | Path, model: nn.Module, optimizers: Optimizers,
+def restore_checkpoint(path: str | Path, model: nn.Module, optimizers: OptimizerState,
                        restore_rng: bool = True, runtime: Runtime | None = None) -> dict[str, Any]:
     """Load weights, optimizer state and RNG into a built model; returns the meta (position).
     `runtime` of N processes (collective: all call it): they split the checksums' reading."""

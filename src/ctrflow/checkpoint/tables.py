@@ -19,7 +19,7 @@ import hashlib
 import pickle
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -28,8 +28,18 @@ from ctrflow.embedding.sharded import gathered_on_main
 from ctrflow.errors import UserError
 from ctrflow.models import embedding_collections
 
-if TYPE_CHECKING:
-    from ctrflow.train.optim import Optimizers
+
+
+class OptimizerState(Protocol):
+    """What a checkpoint reads and restores of a run's optimizers (`ctrflow.train.optim.Optimizers`)."""
+
+    def header(self) -> dict[str, Any]: ...
+
+    def state_keys(self, name: str) -> tuple[str, ...]: ...
+
+    def whole_state(self, name: str, key: str) -> torch.Tensor | None: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 TABLES, STATE = "tables", "table_state"
 
@@ -66,7 +76,7 @@ def compact(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def write_tables(model: nn.Module, optimizers: Optimizers, tmp: Path | None) -> tuple[dict, dict[str, str]]:
+def write_tables(model: nn.Module, optimizers: OptimizerState, tmp: Path | None) -> tuple[dict, dict[str, str]]:
     """Write every table's weights and optimizer state under `tmp`, one whole tensor at a time.
 
     Collective: every rank calls it (rank 0 with its temporary step directory, the others with None);

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from ctrflow.errors import UserError
 
 if TYPE_CHECKING:
-    from ctrflow.train.distributed import Runtime
+    from ctrflow.runtime import Runtime
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # N processes compare flags this often: a host-side all-reduce each time, never a device sync

@@ -42,7 +42,7 @@ from ctrflow.train.best import BestCheckpoint
 from ctrflow.accel.accelerate import Built, accelerate
 from ctrflow.accel.plan import RunPlan, plan_run, run_record, tracked_params
 from ctrflow.accel.dense_average import DenseAverage
-from ctrflow.train.distributed import Runtime, close_runtime, init_runtime, print0
+from ctrflow.runtime import Runtime, close_runtime, init_runtime, print0
 from ctrflow.accel.fused import FusedTables
 from ctrflow.accel.graphs import GraphedStep
 from ctrflow.train.interrupt import StopSignals, checkpoint_stopped

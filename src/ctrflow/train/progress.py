@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from ctrflow.errors import UserError
 from ctrflow.tracking import Tracker
-from ctrflow.train.distributed import Runtime, all_reduce_sum
+from ctrflow.runtime import Runtime, all_reduce_sum
 
 
 class NonFiniteLoss(UserError):

@@ -15,7 +15,7 @@ from torch import nn
 from ctrflow.loaders.scan import ScanLoader
 from ctrflow.evaluate.metrics import auc, logloss
 from ctrflow.evaluate.scoring import score_batches
-from ctrflow.train.distributed import Runtime
+from ctrflow.runtime import Runtime
 
 
 def validate(model: nn.Module, loader: ScanLoader, runtime: Runtime,

@@ -31,7 +31,7 @@ from ctrflow.contract.schema import Schema
 from ctrflow.lineage import check_descendant
 
 if TYPE_CHECKING:
-    from ctrflow.train.distributed import Runtime
+    from ctrflow.runtime import Runtime
     from ctrflow.train.optim import Optimizers
 
 

@@ -23,7 +23,7 @@ from ctrflow.contract.features import Feature, Features
 from ctrflow.models import build_model
 from ctrflow.checkpoint import restore_checkpoint, save_checkpoint
 from ctrflow.contract.schema import Schema
-from ctrflow.train.distributed import Runtime
+from ctrflow.runtime import Runtime
 from ctrflow.train.optim import build_optimizers
 from tests.fixtures.bags import bag_batches
 from tests.fixtures.checkpoint import SCHEMA, assert_same, build_sharded, config, snapshot, train_steps

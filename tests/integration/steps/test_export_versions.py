@@ -34,7 +34,7 @@ def save_model(net, schema, out: Path, model: str = "dlrm") -> Path:
     """A checkpoint of `net` as the training code writes it (the architecture of `serving_fixtures.checkpoint`)."""
     from ctrflow.checkpoint import save_checkpoint
     from ctrflow.config import ModelConfig, TrainConfig
-    from ctrflow.train.distributed import Runtime
+    from ctrflow.runtime import Runtime
     from ctrflow.train.optim import build_optimizers
 
     arch = ModelConfig.from_dict({"name": model, "embedding_dim": 4, "bottom_mlp": (8,), "top_mlp": (8,),

@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 from ctrflow.config import OptimConfig
 from ctrflow.models import build_model
 from ctrflow.contract.schema import Schema
-from ctrflow.train.distributed import Runtime, init_runtime
+from ctrflow.runtime import Runtime, init_runtime
 from ctrflow.train.optim import build_optimizers
 from ctrflow.train.warm_start import warm_start
 from tests.fixtures.checkpoint import assert_same, build_sharded, snapshot
