@@ -107,7 +107,7 @@ class DataConfig:
     path: str = ""
     # global: split across processes. None: `AUTO_BATCH`, halved (down to `MIN_AUTO_BATCH`) until an epoch
     # of the train split holds `MIN_EPOCH_STEPS` steps (`batch_for`): at 2048, 100,000 rows give 48 steps,
-    # too few for a one-epoch run to learn (docs/training.md)
+    # too few for a one-epoch run to learn (docs/steps.md)
     batch_size: int | None = None
     eval_batch_size: int = 16384
     shuffle: bool = True

@@ -8,7 +8,8 @@ the mean prediction on the validation split equal its click rate (`ctrflow.evalu
 calibrating_shift`: the bias minimizing that split's logloss with every other weight fixed; the ranking,
 and so the AUC, is unchanged). Evaluate, predict, export and serving read it like any other weight.
 `meta.json`'s `calibration` records the shift and the bias training had, which `--resume` puts back:
-a resumed run continues the trajectory of the run it continues.
+a resumed run continues the trajectory of the run it continues (a warm start, `--init-from`, begins
+from the calibrated model).
 """
 
 from __future__ import annotations

@@ -72,6 +72,8 @@ class Session:
     average: DenseAverage | None = None  # N processes, graphed step: the step averages the dense gradients
     reporter: Reporter = Reporter()  # tuning services' metrics (`--report-metrics`), main process only
     best: BestCheckpoint = field(default_factory=BestCheckpoint)  # best validation so far, early stopping
+    # the calibration of a resumed checkpoint with nothing left to train (its weights are saved again as read)
+    calibration: dict | None = None
     step: int = 0
     epoch: int = 0
     batch: int = 0
@@ -228,7 +230,10 @@ def _resume(s: Session) -> Path:
     if diffs:
         raise UserError(f"--resume {s.config.resume}: the checkpoint's model differs: " + "; ".join(diffs))
     meta = checkpoint.restore_checkpoint(step_dir, s.model, s.optimizers, runtime=s.runtime)
-    restore_trained_bias(s.model, meta)  # the checkpoint holds the calibrated bias; training continues on its own
+    if s.step < s.total_steps:  # training continues from its own bias, not the calibrated one the checkpoint holds
+        restore_trained_bias(s.model, meta)
+    else:
+        s.calibration = meta.get("calibration")
     s.step, s.epoch, s.batch = meta["step"], meta["epoch"], meta["batch"]
     print0(f"ctrflow train: resumed from {step_dir} at step {s.step} (epoch {s.epoch}, batch {s.batch})")
     return step_dir.parent / "metrics.jsonl"
@@ -323,10 +328,10 @@ def _finish(s: Session, log: ProgressLog, valid: dict[str, float], done: dict[st
         if s.valid_loader is not None:
             valid = validate(s.model, s.valid_loader, s.runtime, s.amp)
             s.reporter.report(s.step, s.epoch, valid)
-        with calibrated(s.model, valid, s.config.calibrate) as record:
-            checkpoint.save_checkpoint(s.out, s.model, s.optimizers, {"step": s.step, "epoch": s.epoch, "batch": s.batch},
-                                       s.config, s.schema, s.runtime, metrics=valid,
-                                       run={**run_record(s.config, s.plan), "calibration": record})
+        # nothing trained (a resumed run at its end, a warm start of 0 steps): the weights as they were read
+        checkpoint.save_checkpoint(s.out, s.model, s.optimizers, {"step": s.step, "epoch": s.epoch, "batch": s.batch},
+                                   s.config, s.schema, s.runtime, metrics=valid,
+                                   run={**run_record(s.config, s.plan), "calibration": s.calibration})
         done["ckpt"] = s.step
     summary = {"step": s.step, "epoch": s.epoch, "loss": log.last.get("loss"),
                "samples_per_s": log.throughput(s.step), "checkpoint": str(s.out / f"step_{done['ckpt']:08d}"),
