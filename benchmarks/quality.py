@@ -7,9 +7,10 @@ the calibration of what each keeps (mean prediction / observed click rate).
         [--libraries ctrflow,deepctr-torch,fuxictr] [--peer-python PYTHON] [--ctrflow-args "..."]
 
 Per dataset, `ctrflow synth --rows 200000 --days 2 --seed 0` (with `--dataset NAME` for any other
-than criteo, and `--click-rate R` when given: rare clicks, e.g. 0.04) writes two days; `ctrflow preprocess` with its defaults makes day 0 the train split and
-day 1 the valid split (`--data NAME=DIR` takes a processed directory instead). A dataset the installed
-ctrflow cannot synthesize is reported as skipped.
+than criteo, and `--click-rate R` when given: rare clicks, e.g. 0.04) writes two days; `ctrflow
+preprocess` with its defaults makes day 0 the train split and day 1 the valid split (`--data NAME=DIR`
+takes a processed directory instead). A dataset the installed ctrflow cannot synthesize is reported as
+skipped.
 
 - ctrflow: each model trained by `ctrflow train` itself (its defaults; `--ctrflow-args` adds flags,
   e.g. `--config FILE`) for `--epochs` epochs; the loop validates on the whole valid split at each
@@ -311,8 +312,8 @@ def table(results: list[dict], epochs: int) -> str:
         cells = []
         for lib in libraries:
             r = found.get((dataset, model, lib))
-            cells += ["", ""] if r is None else [r.get("error") or " / ".join(f"{a:.4f}" for a in r.get("auc", [])),
-                                                 ratio_cell(r)]
+            aucs = "" if r is None else r.get("error") or " / ".join(f"{a:.4f}" for a in r.get("auc", []))
+            cells += [aucs, "" if r is None else ratio_cell(r)]
         lines.append(f"| {dataset} | {model} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -39,7 +39,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def synthesizer(dataset: str):
-    """The `synthesize(out, rows, days, seed, gzip, tracker, drift, click_rate)` of `dataset`; UserError naming the choices."""
+    """The `synthesize(out, rows, days, seed, gzip, tracker, drift, click_rate)` of `dataset`; UserError
+    naming the choices."""
     if dataset == "criteo":
         from ctrflow.synth.criteo import synthesize
     elif dataset == "movielens-like":
