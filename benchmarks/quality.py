@@ -1,28 +1,33 @@
-"""Model quality against peer libraries: validation AUC per epoch of each model on the same data.
+"""Model quality against peer libraries: validation AUC per epoch of each model on the same data, and
+the calibration of what each keeps (mean prediction / observed click rate).
 
     pip install -e ".[quality]"          # DeepCTR-Torch beside ctrflow (optional)
     PYTHONPATH=src python3 benchmarks/quality.py --work /tmp/quality [--epochs 2] [--threads 1]
-        [--datasets criteo,movielens-like] [--models dlrm,dcnv2,deepfm,wide_deep]
+        [--datasets criteo,movielens-like] [--models dlrm,dcnv2,deepfm,wide_deep] [--click-rate R]
         [--libraries ctrflow,deepctr-torch,fuxictr] [--peer-python PYTHON] [--ctrflow-args "..."]
 
 Per dataset, `ctrflow synth --rows 200000 --days 2 --seed 0` (with `--dataset NAME` for any other
-than criteo) writes two days; `ctrflow preprocess` with its defaults makes day 0 the train split and
-day 1 the valid split (`--data NAME=DIR` takes a processed directory instead). A dataset the installed
-ctrflow cannot synthesize is reported as skipped.
+than criteo, and `--click-rate R` when given: rare clicks, e.g. 0.04) writes two days; `ctrflow
+preprocess` with its defaults makes day 0 the train split and day 1 the valid split (`--data NAME=DIR`
+takes a processed directory instead). A dataset the installed ctrflow cannot synthesize is reported as
+skipped.
 
 - ctrflow: each model trained by `ctrflow train` itself (its defaults; `--ctrflow-args` adds flags,
   e.g. `--config FILE`) for `--epochs` epochs; the loop validates on the whole valid split at each
-  epoch's end, and the AUCs are read from the run's `metrics.jsonl`.
+  epoch's end, and the AUCs are read from the run's `metrics.jsonl`. `ctrflow evaluate` then scores
+  the kept checkpoint: its calibration ratio, and the ratio of the bias training left (before the
+  checkpoint's output bias was fitted on the valid split, `ctrflow.train.calibration`).
 - DeepCTR-Torch (when importable by `--peer-python`, default this interpreter): DeepFM, WDL and DCN
   (full-rank "matrix" cross, 3 layers) on the *same processed ids and dense values* read from the
   Parquet splits: batch 2,048, embedding dim 16, MLP 128-64, Adam 1e-3, the library's other
   defaults (which include an L2 penalty of 1e-5 on embeddings and linear weights); one `fit` epoch
-  at a time, then the valid split scored in order.
+  at a time, then the valid split scored in order (the calibration ratio: the last epoch's).
 - FuxiCTR: reported as skipped unless its package ships the architectures (2.3.10's package holds
   its layers and trainer, not its model zoo).
 
 Every AUC is `ctrflow.evaluate.metrics.auc` (exact) over the same valid rows. Prints one JSON line
-(per library, model, dataset: AUC per epoch, best epoch, seconds), then a table on stderr.
+(per library, model, dataset: AUC per epoch, best epoch, calibration ratio, seconds), then a table on
+stderr.
 """
 
 from __future__ import annotations
@@ -62,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     given = dict(item.split("=", 1) for item in args.data)
     results, skipped = [], []
     for dataset in args.datasets.split(","):
-        data, reason = (given[dataset], None) if dataset in given else prepare(dataset, work, args.rows, args.seed)
+        data, reason = (given[dataset], None) if dataset in given else \
+            prepare(dataset, work, args.rows, args.seed, args.click_rate)
         if data is None:
             skipped.append({"dataset": dataset, "reason": reason})
             continue
@@ -76,10 +82,11 @@ def main(argv: list[str] | None = None) -> int:
                     continue  # no DLRM there
                 row = run_one(library, model, dataset, data, work, args)
                 results.append(row)
-                print(f"{library:14s} {model:10s} {dataset:15s} auc {row.get('auc')} ({row.get('seconds')} s)",
-                      file=sys.stderr, flush=True)
+                print(f"{library:14s} {model:10s} {dataset:15s} auc {row.get('auc')} "
+                      f"ratio {row.get('calibration_ratio')} ({row.get('seconds')} s)", file=sys.stderr, flush=True)
     report = {"benchmark": "quality", "machine": machine(), "epochs": args.epochs, "batch_size": BATCH,
               "embedding_dim": DIM, "mlp": list(MLP), "lr": LR, "seed": args.seed, "rows_per_day": args.rows,
+              "click_rate": args.click_rate,
               "ctrflow_args": args.ctrflow_args, "results": results, "skipped": skipped}
     print(json.dumps(report))
     print(table(results, args.epochs), file=sys.stderr)
@@ -98,6 +105,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--rows", type=int, default=200_000, help="synthetic rows per day")
     p.add_argument("--seed", type=int, default=0, help="of the synthetic data and of every model")
+    p.add_argument("--click-rate", type=float, default=None,
+                   help="`ctrflow synth --click-rate` (default: each dataset's own rate)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads of each training")
     p.add_argument("--peer-python", default=sys.executable,
                    help="interpreter that has the peer libraries (default: this one)")
@@ -108,7 +117,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def prepare(dataset: str, work: Path, rows: int, seed: int) -> tuple[str | None, str | None]:
+def prepare(dataset: str, work: Path, rows: int, seed: int,
+            click_rate: float | None = None) -> tuple[str | None, str | None]:
     """(processed directory, None), or (None, why not): synth two days, preprocess with the defaults."""
     processed = work / dataset / "processed"
     if (processed / "schema.json").exists():
@@ -117,6 +127,8 @@ def prepare(dataset: str, work: Path, rows: int, seed: int) -> tuple[str | None,
     synth = ["synth", "--rows", str(rows), "--days", "2", "--seed", str(seed), "--out", str(raw)]
     if dataset != "criteo":
         synth += ["--dataset", dataset]
+    if click_rate is not None:
+        synth += ["--click-rate", str(click_rate)]
     done = ctrflow_command(synth)
     if done.returncode != 0:
         return None, f"ctrflow synth: {last_line(done.stderr)}"
@@ -199,12 +211,16 @@ def run_one(library: str, model: str, dataset: str, data: str, work: Path, args)
         done = subprocess.run(command, capture_output=True, text=True, env=child_env())
         if done.returncode == 0:
             row["auc"] = epoch_aucs(out / "metrics.jsonl")
+            done = ctrflow_command(["evaluate", "--data", data, "--checkpoint", str(out), "--out", str(out / "eval"),
+                                    "--device", "cpu"])
+        if done.returncode == 0:
+            row.update(kept_calibration(out / "eval" / "metrics.json"))
     else:
         command = [args.peer_python, __file__, "--worker", library, "--model", model, "--data-dir", data,
                    "--epochs", str(args.epochs), "--threads", str(args.threads), "--seed", str(args.seed)]
         done = subprocess.run(command, capture_output=True, text=True, env=child_env())
         if done.returncode == 0:
-            row["auc"] = json.loads(done.stdout.strip().splitlines()[-1])["auc"]
+            row.update(json.loads(done.stdout.strip().splitlines()[-1]))
     row["seconds"] = round(time.perf_counter() - start, 1)
     if done.returncode != 0:
         row["error"] = last_line(done.stderr)
@@ -212,6 +228,14 @@ def run_one(library: str, model: str, dataset: str, data: str, work: Path, args)
         best = int(np.argmax(row["auc"]))
         row["best_epoch"], row["best_auc"] = best + 1, row["auc"][best]
     return row
+
+
+def kept_calibration(metrics: Path) -> dict:
+    """From `ctrflow evaluate`'s metrics.json: the kept checkpoint's calibration ratio on the valid split,
+    and the ratio of the bias training left (what the checkpoint's fitted bias replaced)."""
+    found = json.loads(metrics.read_text())
+    trained = (found.get("checkpoint_calibration") or {}).get("calibration_ratio_before", found["calibration_ratio"])
+    return {"calibration_ratio": round(found["calibration_ratio"], 4), "trained_calibration_ratio": round(trained, 4)}
 
 
 def epoch_aucs(metrics: Path) -> list[float]:
@@ -243,7 +267,7 @@ def read_split(data: str, split: str) -> tuple[dict[str, np.ndarray], np.ndarray
 
 def train_peer(library: str, model: str, data: str, epochs: int, threads: int, seed: int) -> dict:
     """DeepCTR-Torch's `model` trained `epochs` epochs on the processed train split, the valid split
-    scored after each: {"auc": [...]}."""
+    scored after each: {"auc": [...], "calibration_ratio": the last epoch's mean prediction / click rate}."""
     import torch
     from deepctr_torch import models as zoo
     from deepctr_torch.inputs import DenseFeat, SparseFeat, VarLenSparseFeat
@@ -268,7 +292,7 @@ def train_peer(library: str, model: str, data: str, epochs: int, threads: int, s
         net.fit(train_x, train_y, batch_size=BATCH, epochs=1, verbose=0, shuffle=True)
         scores = net.predict(valid_x, batch_size=16384).reshape(-1)
         aucs.append(round(auc(valid_y, scores), 4))
-    return {"auc": aucs}
+    return {"auc": aucs, "calibration_ratio": round(float(scores.mean() / valid_y.mean()), 4)}
 
 
 def machine() -> str:
@@ -277,19 +301,29 @@ def machine() -> str:
 
 
 def table(results: list[dict], epochs: int) -> str:
-    """Markdown: one row per (dataset, model), a column per library with the AUC of each epoch."""
+    """Markdown: one row per (dataset, model), per library the AUC of each epoch and the calibration ratio
+    (ctrflow: the kept checkpoint's, with the trained bias's in parentheses; peers: the last epoch's)."""
     libraries = list(dict.fromkeys(r["library"] for r in results))
     keys = list(dict.fromkeys((r["dataset"], r["model"]) for r in results))
     found = {(r["dataset"], r["model"], r["library"]): r for r in results}
-    lines = ["| dataset | model | " + " | ".join(f"{lib}, epoch 1..{epochs}" for lib in libraries) + " |",
-             "|---|---|" + "---|" * len(libraries)]
+    lines = ["| dataset | model | " + " | ".join(f"{lib}, epoch 1..{epochs} | ratio" for lib in libraries) + " |",
+             "|---|---|" + "---|---|" * len(libraries)]
     for dataset, model in keys:
         cells = []
         for lib in libraries:
             r = found.get((dataset, model, lib))
-            cells.append("" if r is None else r.get("error") or " / ".join(f"{a:.4f}" for a in r.get("auc", [])))
+            aucs = "" if r is None else r.get("error") or " / ".join(f"{a:.4f}" for a in r.get("auc", []))
+            cells += [aucs, "" if r is None else ratio_cell(r)]
         lines.append(f"| {dataset} | {model} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def ratio_cell(row: dict) -> str:
+    """`1.000 (1.372)`: the kept model's calibration ratio and, where it differs, the trained bias's."""
+    ratio, trained = row.get("calibration_ratio"), row.get("trained_calibration_ratio")
+    if ratio is None:
+        return ""
+    return f"{ratio:.3f}" + (f" ({trained:.3f})" if trained is not None and trained != ratio else "")
 
 
 if __name__ == "__main__":

@@ -66,3 +66,22 @@ def test_every_model_is_above_chance_at_every_step_on_small_data(tmp_path):
             assert records[0]["loss"] < 0.6, (name, records[0])  # not ln 2: the first predictions are the click rate
     finally:
         torch.set_num_threads(threads)
+
+
+def test_every_model_learns_in_one_epoch_of_a_small_table_with_the_defaults(tmp_path):
+    """100,000 movielens-like rows, one epoch, every setting default: the batch the split's size gives
+    (1,024: 97 steps) takes every model to at least 0.78 AUC (the teacher: 0.80)."""
+    from ctrflow.cli import main
+
+    raw = tmp_path / "raw"
+    assert main(["synth", "--dataset", "movielens-like", "--rows", "100000", "--days", "2", "--seed", "1",
+                 "--out", str(raw), "--tracking-uri", "none"]) == 0
+    assert main(["preprocess", "--train", str(raw / "day_0.csv"), "--valid", str(raw / "day_1.csv"), "--dataset",
+                 str(raw / "movielens.yaml"), "--out", str(tmp_path / "pp"), "--no-progress",
+                 "--tracking-uri", "none"]) == 0
+    for model in ("dlrm", "dcnv2", "deepfm", "wide_deep"):
+        out = tmp_path / model
+        assert main(["train", "--data", str(tmp_path / "pp"), "--model", model, "--out", str(out), "--threads", "1",
+                     "--no-progress", "--tracking-uri", "none"]) == 0
+        summary = json.loads((out / "train_summary.json").read_text())
+        assert summary["step"] == 97 and summary["valid_auc"] >= 0.78, (model, summary)

@@ -153,7 +153,8 @@ def save_checkpoint(out: str | Path, model: nn.Module, optimizers: OptimizerStat
 
     `position` is {"step", "epoch", "batch"}: the next step resumes at global batch `batch` of
     `epoch`. `run`: the run's record (`ctrflow.accel.plan.run_record`): its `resolved` config and
-    `plan` go into `meta.json` beside the `config` asked for. Every process calls this (tables may be
+    `plan` go into `meta.json` beside the `config` asked for, and its `calibration` (the output bias
+    fitted on the validation split: `ctrflow.train.calibration`). Every process calls this (tables may be
     gathered); rank 0 writes.
     """
     out = Path(out)
@@ -173,7 +174,7 @@ def save_checkpoint(out: str | Path, model: nn.Module, optimizers: OptimizerStat
         schema.save(tmp / "schema.json")
         digests["schema.json"] = sha256(tmp / "schema.json")
         meta = {"format": FORMAT, **position, "model": model_meta(config), "config": config.to_dict(),
-                **{k: v for k, v in (run or {}).items() if k in ("resolved", "plan")},
+                **{k: v for k, v in (run or {}).items() if k in ("resolved", "plan", "calibration")},
                 "world_size": runtime.world_size,
                 "metrics": metrics or {}, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "files": files, "sha256": digests}

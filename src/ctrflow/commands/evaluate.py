@@ -16,7 +16,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="directory for metrics.json, roc.png, calibration.png")
     parser.add_argument("--split", default="valid", help="split of --data to score (default: valid)")
     parser.add_argument("--batch-size", type=int, default=16384, help="rows scored at once")
-    parser.add_argument("--bins", type=int, default=10, help="equal-count bins of the calibration table")
+    parser.add_argument("--bins", type=int, default=10,
+                        help="equal-mass (equal-count) bins of the calibration table and its ECE")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="where the model scores (default: a GPU when there is one)")
     add_tracking_flags(parser)

@@ -56,7 +56,9 @@ FLAGS: list[tuple[str, str, dict[str, Any], str]] = [
      "the tables' uniform(+-1/sqrt(rows)) draw is multiplied by this (1: DLRM's reference init)"),
     ("--epochs", "epochs", {"type": int}, "passes over the train split"),
     ("--max-steps", "max_steps", {"type": optional(int)}, "stop after this many steps in all (none: the epochs)"),
-    ("--batch-size", "data.batch_size", {"type": int}, "global batch (split across processes)"),
+    ("--batch-size", "data.batch_size", {"type": optional(int)},
+     "global batch (split across processes); none: 2048, halved down to 256 until an epoch of the train split "
+     "holds 64 steps"),
     ("--eval-batch-size", "data.eval_batch_size", {"type": int}, "validation batch"),
     ("--shuffle", "data.shuffle", {"action": argparse.BooleanOptionalAction}, "shuffle the train split each epoch"),
     ("--prefetch", "data.prefetch", {"type": int}, "batches prepared ahead by the loader thread"),
@@ -96,6 +98,9 @@ FLAGS: list[tuple[str, str, dict[str, Any], str]] = [
      "step directories kept (the newest; the best by validation AUC is kept besides)"),
     ("--early-stopping", "early_stopping", {"type": int},
      "stop after N validations without a better AUC (0: never); the best checkpoint is kept either way"),
+    ("--calibrate", "calibrate", {"action": argparse.BooleanOptionalAction},
+     "each checkpoint written after a validation holds the output bias that makes its mean prediction on the "
+     "valid split equal the observed click rate (recorded in meta.json); --no-calibrate keeps the trained bias"),
     ("--resume", "resume", {"type": optional(str), "metavar": "CKPT"},
      "continue from a checkpoint (a run directory: its last step, not its best)"),
     ("--init-from", "init_from", {"type": optional(str), "metavar": "CKPT"},

@@ -95,12 +95,20 @@ class OptimConfig:
     min_lr_factor: float = 0.0  # the factor the decay ends at
 
 
+AUTO_BATCH = 2048  # the batch of a train split of at least MIN_EPOCH_STEPS * 2048 rows (131,072)
+MIN_AUTO_BATCH = 256  # divisible by the stream loader's lanes, and still a batch of many rows
+MIN_EPOCH_STEPS = 64
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Where processed data lives and how it is batched."""
 
     path: str = ""
-    batch_size: int = 2048  # global: split across processes
+    # global: split across processes. None: `AUTO_BATCH`, halved (down to `MIN_AUTO_BATCH`) until an epoch
+    # of the train split holds `MIN_EPOCH_STEPS` steps (`batch_for`): at 2048, 100,000 rows give 48 steps,
+    # too few for a one-epoch run to learn (docs/steps.md)
+    batch_size: int | None = None
     eval_batch_size: int = 16384
     shuffle: bool = True
     prefetch: int = 4  # batches prepared ahead by the loader thread
@@ -112,6 +120,17 @@ class DataConfig:
     loader_threads: int | None = None  # stream: decode threads per process (None: cores / local processes, <= 16)
     limit_train_batches: int | None = None  # per epoch, for smoke runs
     limit_eval_batches: int | None = None
+
+    def batch_for(self, train_rows: int) -> int:
+        """The global batch of a train split of `train_rows` rows: `batch_size` when given, else the
+        largest of `AUTO_BATCH`, its halves down to `MIN_AUTO_BATCH`, that gives an epoch at least
+        `MIN_EPOCH_STEPS` steps (the smallest when none does)."""
+        if self.batch_size is not None:
+            return self.batch_size
+        batch = AUTO_BATCH
+        while batch > MIN_AUTO_BATCH and train_rows // batch < MIN_EPOCH_STEPS:
+            batch //= 2
+        return batch
 
 
 @dataclass(frozen=True)
@@ -130,6 +149,9 @@ class TrainConfig:
     checkpoint_every: int = 0  # 0: checkpoint at the end of each epoch only
     keep_checkpoints: int = 2  # the newest step directories kept (besides the best, which is never pruned)
     early_stopping: int = 0  # stop after this many validations without a better AUC (0: never)
+    # each checkpoint written after a validation holds the output bias that makes its mean prediction on
+    # the valid split equal the observed click rate (ctrflow.train.calibration); False: the trained bias
+    calibrate: bool = True
     device: str = "auto"  # auto | cpu | cuda
     threads: int | None = None  # torch intra-op threads on the CPU; None: torch's default
     resume: str | None = None

@@ -43,6 +43,8 @@ def compute_metrics(labels: np.ndarray, logits: np.ndarray, bins: int = 10) -> d
         "positives": int(labels.sum()),
         "mean_prediction": table["mean_prediction"],
         "observed_ctr": ctr,
+        "calibration_ratio": table["ratio"],  # mean prediction / observed click rate (1: calibrated on average)
+        "ece": table["ece"],  # expected calibration error over `bins` equal-mass bins
         "calibration": table,
     }
 
@@ -99,7 +101,8 @@ def evaluate(data: str | os.PathLike, checkpoint: str | os.PathLike, out: str | 
         raise RuntimeError(f"{data}/{split}: scored {labels.size} of {len(loader.dataset)} rows")
     metrics = compute_metrics(labels, logits, bins=bins)
     metrics.update(split=split, data=str(data), checkpoint=str(checkpoint),
-                   model=meta.get("model", {}).get("name"), step=meta.get("step"))
+                   model=meta.get("model", {}).get("name"), step=meta.get("step"),
+                   checkpoint_calibration=meta.get("calibration"))  # what training fitted (None: nothing)
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -109,8 +112,7 @@ def evaluate(data: str | os.PathLike, checkpoint: str | os.PathLike, out: str | 
     tracker.log_params({"split": split, "data": str(data), "checkpoint": str(checkpoint)})
     tracker.set_tags({"schema_hash": schema.vocab_hash})
     scalars = {k: metrics[k] for k in ("auc", "logloss", "normalized_entropy", "rows", "mean_prediction",
-                                      "observed_ctr")}
-    scalars.update(calibration_ratio=metrics["calibration"]["ratio"], ece=metrics["calibration"]["ece"])
+                                      "observed_ctr", "calibration_ratio", "ece")}
     tracker.log_metrics({k: float(v) for k, v in scalars.items() if v is not None and math.isfinite(v)})
     for name in ("metrics.json", "roc.png", "calibration.png"):
         if (out / name).exists():

@@ -1,4 +1,5 @@
-"""Exact ranking and probability metrics over a whole split: AUC, logloss, calibration.
+"""Exact ranking and probability metrics over a whole split: AUC, logloss, calibration, and the
+output-bias shift that calibrates a model's mean prediction on it.
 
 Everything is vectorized numpy in O(n log n) (one sort); no sampling, no histogram
 approximation, so two runs on the same predictions agree to the last digit.
@@ -87,11 +88,11 @@ def logloss(labels, probabilities, eps: float = LOGLOSS_EPS) -> float:
 
 
 def calibration(labels, probabilities, bins: int = 10) -> dict:
-    """Mean predicted vs observed CTR, and a reliability table over equal-count bins.
+    """Mean predicted vs observed CTR, their `ratio`, and a reliability table over equal-mass bins.
 
     Bins hold (nearly) the same number of rows, ordered by prediction: CTR predictions
     crowd near the base rate, so equal-width bins would leave most of them empty.
-    `ece` is the row-weighted mean |predicted - observed| over the bins.
+    `ece` (expected calibration error) is the row-weighted mean |predicted - observed| over the bins.
     """
     labels, probs = _check(labels, probabilities)
     n = labels.size
@@ -130,3 +131,28 @@ def _bin_of_rows(probs: np.ndarray, ranked: np.ndarray, edges: np.ndarray) -> np
         before = e - (probs.size - int(np.count_nonzero(above)) - ties.size)  # tied rows left below the edge
         which[ties[before:]] += 1
     return which
+
+
+def calibrating_shift(labels, logits, iterations: int = 30) -> float:
+    """The constant `d` for which the mean of sigmoid(logits + d) equals the labels' mean: the output
+    bias change that minimizes the logloss with every other weight fixed (that loss's derivative in
+    `d` is the mean prediction minus the observed rate). Newton's method on the 1-D convex problem,
+    from the gap between the two rates' log-odds; 0.0 when the labels hold one class or no row."""
+    labels, logits = _check(labels, logits)
+    rate = float(labels.mean()) if labels.size else 0.0
+    if not 0.0 < rate < 1.0:
+        return 0.0
+    mean = float(_sigmoid(logits).mean())
+    shift = float(np.log(rate / (1 - rate)) - np.log(max(mean, 1e-12) / max(1 - mean, 1e-12)))
+    for _ in range(iterations):
+        p = _sigmoid(logits + shift)
+        step = (float(p.mean()) - rate) / max(float((p * (1 - p)).mean()), 1e-12)
+        shift -= float(np.clip(step, -1.0, 1.0))  # a bounded step: the loss is flat far from the optimum
+        if abs(step) < 1e-9:
+            break
+    return shift
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    """1 / (1 + exp(-z)) in float64 without overflow."""
+    return np.exp(-np.logaddexp(0.0, -z))

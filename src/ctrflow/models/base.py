@@ -91,12 +91,17 @@ class RankingModel(nn.Module):
             total = total + self.linear_dense(dense).squeeze(1)
         return total
 
+    @property
+    def output_bias(self) -> nn.Parameter:
+        """The output layer's bias [1]: the logit's constant term."""
+        return self.over_arch[-1].bias
+
     @torch.no_grad()
     def set_output_bias(self, rate: float) -> None:
         """Start every prediction at click rate `rate` (the training split's mean label): the output
         layer's bias becomes logit(rate) and the first-order dense bias 0. A model that starts at 0.5
         spends its first steps pushing every score down, the most frequent ids the most."""
         rate = min(max(float(rate), 1e-6), 1 - 1e-6)
-        self.over_arch[-1].bias.fill_(math.log(rate / (1 - rate)))
+        self.output_bias.fill_(math.log(rate / (1 - rate)))
         if self.linear_dense is not None:
             self.linear_dense.bias.zero_()

@@ -158,11 +158,11 @@ def chunk_table(labels, dense, dense_missing, ranks, keys, generations=None, hot
     return pa.Table.from_arrays(arrays, names=list(RAW_COLUMNS))
 
 
-def make_teacher(seed: int) -> Teacher:
-    """The seed's teacher, scaled on a calibration sample of day 0 to AUC ~0.80 and CTR ~0.23."""
+def make_teacher(seed: int, target_ctr: float = TARGET_CTR) -> Teacher:
+    """The seed's teacher, scaled on a calibration sample of day 0 to AUC ~0.80 and click rate `target_ctr`."""
     teacher = build_teacher(seed, [size for size, _, _ in CATEGORICAL], DENSE_MU, DENSE_SD)
     dense, _, ranks = sample_features(np.random.default_rng([seed, 1 << 20]), CALIBRATION_ROWS, 0, column_keys(seed))
-    return calibrate(teacher, dense, ranks, target_auc=TARGET_AUC, target_ctr=TARGET_CTR)
+    return calibrate(teacher, dense, ranks, target_auc=TARGET_AUC, target_ctr=target_ctr)
 
 
 def write_day(path: Path, rows: int, day: int, seed: int, teacher: Teacher, gzip: bool,
@@ -210,16 +210,18 @@ def write_chunk(sink, labels, dense, dense_missing, ranks, keys, generations=Non
 
 
 def synthesize(out, rows: int, days: int, seed: int, gzip: bool = False, tracker=None, drift: float = 0.0,
-               hotness=None) -> dict:
+               hotness=None, click_rate: float | None = None) -> dict:
     """Write `out/day_{d}.tsv[.gz]` for d < days (`rows` rows each) and `out/synth.json`; returns its content.
 
     The files are raw Criteo format: label, I1..I13, C1..C26, tab-separated, empty = missing. `drift`:
     the share F of values new each day and of the teacher's move (`ctrflow.synth.drift`; 0: none).
     `hotness`: values per field of each categorical column (`chunk_table`; None: one each).
+    `click_rate`: the teacher's mean click probability (None: `TARGET_CTR`).
     """
     out = open_out(out, rows, days, seed, drift)
     started = time.perf_counter()
-    teacher = make_teacher(seed)
+    target_ctr = TARGET_CTR if click_rate is None else click_rate
+    teacher = make_teacher(seed, target_ctr)
     report = {"version": VERSION, "rows": rows, "days": days, "seed": seed, "gzip": gzip,
               "files": [], "teacher_auc": {}, "ctr": {}}
     drifting = Drift(drift, seed) if drift else None
@@ -232,21 +234,21 @@ def synthesize(out, rows: int, days: int, seed: int, gzip: bool = False, tracker
             teacher = drifting.move(teacher, fresh, day)  # the day's tastes, at the same click rate
             dense, _, ranks = sample_features(np.random.default_rng([seed, 1 << 20]), CALIBRATION_ROWS, day,
                                               column_keys(seed))
-            teacher = recenter(teacher, dense, ranks, TARGET_CTR)
+            teacher = recenter(teacher, dense, ranks, target_ctr)
         counter = write_day(path, rows, day, seed, teacher, gzip, drifting, hotness)
         report["files"].append({"path": path.name, "rows": rows, "bytes": path.stat().st_size})
         report["teacher_auc"][f"day_{day}"] = round(counter.auc(), 6)
         report["ctr"][f"day_{day}"] = round(counter.ctr(), 6)
-    report["params"] = synth_params(teacher)
+    report["params"] = synth_params(teacher, target_ctr)
     write_atomic(out / "synth.json", json.dumps(report, indent=2) + "\n")
     seconds = time.perf_counter() - started
     if tracker is not None:
-        params = {"rows": rows, "days": days, "seed": seed, "gzip": gzip, "drift": drift}
+        params = {"rows": rows, "days": days, "seed": seed, "gzip": gzip, "drift": drift, "click_rate": target_ctr}
         track(tracker, params, report, seconds, [out / "synth.json"])
     return {**report, "seconds": seconds}
 
 
-def synth_params(teacher: Teacher) -> dict:
+def synth_params(teacher: Teacher, target_ctr: float) -> dict:
     """What generated the data, for `synth.json` (the teacher's tables stay hidden)."""
     return {
         "chunk_rows": CHUNK_ROWS,
@@ -255,6 +257,6 @@ def synth_params(teacher: Teacher) -> dict:
         "missing_groups": [{"columns": list(names), "rate": rate} for names, rate in MISSING_GROUPS],
         "i2_negative": I2_NEGATIVE[0],
         "dense_drift_per_day": DENSE_DRIFT,
-        "teacher": {"kind": "factorization machine", "target_auc": TARGET_AUC, "target_ctr": TARGET_CTR,
+        "teacher": {"kind": "factorization machine", "target_auc": TARGET_AUC, "target_ctr": target_ctr,
                     "lin_scale": teacher.lin_scale, "pair_scale": teacher.pair_scale, "offset": teacher.offset},
     }

@@ -48,12 +48,13 @@ freq_threshold: {{default: {FREQ_THRESHOLD}}}
 """
 
 
-def synthesize(out, rows: int, days: int, seed: int, gzip: bool = False, tracker=None, drift: float = 0.0) -> dict:
+def synthesize(out, rows: int, days: int, seed: int, gzip: bool = False, tracker=None, drift: float = 0.0,
+               click_rate: float | None = None) -> dict:
     """Write `out/day_{d}.tsv[.gz]` for d < days, `out/dlrmv2.yaml` and `out/synth.json` (module doc);
     returns synth.json's content with the seconds taken."""
     if drift:
         raise UserError(f"--dataset {NAME}: --drift is not offered (the days repeat one world)")
-    report = criteo_synth.synthesize(out, rows, days, seed, gzip, tracker, hotness=HOTNESS)
+    report = criteo_synth.synthesize(out, rows, days, seed, gzip, tracker, hotness=HOTNESS, click_rate=click_rate)
     write_atomic(Path(out) / DESCRIPTION_FILE, description_text())
     seconds = report.pop("seconds")
     report.update(dataset=NAME, description=DESCRIPTION_FILE, hotness=dict(zip(SPARSE, HOTNESS)))

@@ -99,13 +99,13 @@ def draw_teacher(rng: np.random.Generator, dense_mu=np.zeros(2), dense_sd=np.one
     return Teacher(tables=tables, dense_table=dense_table, dense_mu=dense_mu, dense_sd=dense_sd, bag_tables=(bag,))
 
 
-def make_teacher(seed: int, world: World) -> Teacher:
-    """The seed's teacher, scaled on a calibration sample to AUC ~0.80 and a like rate ~0.35."""
+def make_teacher(seed: int, world: World, target_ctr: float = TARGET_CTR) -> Teacher:
+    """The seed's teacher, scaled on a calibration sample to AUC ~0.80 and like rate `target_ctr`."""
     sample = sample_rows(np.random.default_rng([seed, 1 << 20]), CALIBRATION_ROWS, world)
     dense, ranks, bags = teacher_inputs(sample)
     logs = np.log1p(dense)
     teacher = draw_teacher(np.random.default_rng([seed, 0x7EAC4E6]), logs.mean(axis=0), logs.std(axis=0) + 1e-9)
-    return calibrate(teacher, dense, ranks, target_auc=TARGET_AUC, target_ctr=TARGET_CTR, bags=bags)
+    return calibrate(teacher, dense, ranks, target_auc=TARGET_AUC, target_ctr=target_ctr, bags=bags)
 
 
 def chunk_table(rng: np.random.Generator, rows: dict[str, np.ndarray], labels: np.ndarray, world: World,
@@ -153,14 +153,17 @@ def write_day(path: Path, rows: int, day: int, seed: int, world: World, teacher:
     return counter
 
 
-def synthesize(out, rows: int, days: int, seed: int, gzip: bool = False, tracker=None, drift: float = 0.0) -> dict:
+def synthesize(out, rows: int, days: int, seed: int, gzip: bool = False, tracker=None, drift: float = 0.0,
+               click_rate: float | None = None) -> dict:
     """Write `out/day_{d}.csv[.gz]` for d < days (`rows` rows each), `out/movielens.yaml` (their
     dataset description) and `out/synth.json`; returns synth.json's content. `drift`: the share F of
-    users and movies new each day and of the teacher's move (`ctrflow.synth.drift`; 0: none)."""
+    users and movies new each day and of the teacher's move (`ctrflow.synth.drift`; 0: none). `click_rate`:
+    the teacher's mean like probability (None: `TARGET_CTR`)."""
     out = open_out(out, rows, days, seed, drift)
     started = time.perf_counter()
     world = World(seed)
-    teacher = make_teacher(seed, world)
+    target_ctr = TARGET_CTR if click_rate is None else click_rate
+    teacher = make_teacher(seed, world, target_ctr)
     report = {"version": VERSION, "dataset": NAME, "description": DESCRIPTION_FILE, "rows": rows, "days": days,
               "seed": seed, "gzip": gzip, "files": [], "teacher_auc": {}, "ctr": {}}
     drifting = Drift(drift, seed) if drift else None
@@ -172,28 +175,29 @@ def synthesize(out, rows: int, days: int, seed: int, gzip: bool = False, tracker
             teacher = drifting.move(teacher, draw_teacher(drifting.rng(day)), day)
             sample = sample_rows(np.random.default_rng([seed, 1 << 20]), CALIBRATION_ROWS, world)
             dense, ranks, bags = teacher_inputs(sample)
-            teacher = recenter(teacher, dense, ranks, TARGET_CTR, bags)
+            teacher = recenter(teacher, dense, ranks, target_ctr, bags)
         counter = write_day(path, rows, day, seed, world, teacher, gzip, drifting)
         report["files"].append({"path": path.name, "rows": rows, "bytes": path.stat().st_size})
         report["teacher_auc"][f"day_{day}"] = round(counter.auc(), 6)
         report["ctr"][f"day_{day}"] = round(counter.ctr(), 6)
     write_atomic(out / DESCRIPTION_FILE, description_text())
-    report["params"] = synth_params(teacher)
+    report["params"] = synth_params(teacher, target_ctr)
     write_atomic(out / "synth.json", json.dumps(report, indent=2) + "\n")
     seconds = time.perf_counter() - started
     if tracker is not None:
-        params = {"dataset": NAME, "rows": rows, "days": days, "seed": seed, "gzip": gzip, "drift": drift}
+        params = {"dataset": NAME, "rows": rows, "days": days, "seed": seed, "gzip": gzip, "drift": drift,
+                  "click_rate": target_ctr}
         track(tracker, params, report, seconds, [out / "synth.json", out / DESCRIPTION_FILE])
     return {**report, "seconds": seconds}
 
 
-def synth_params(teacher: Teacher) -> dict:
+def synth_params(teacher: Teacher, target_ctr: float) -> dict:
     """What generated the data, for `synth.json` (the teacher's tables stay hidden)."""
     return {
         "chunk_rows": CHUNK_ROWS,
         "users": dict(zip(("universe", "zipf_s", "zipf_q"), USERS)),
         "items": dict(zip(("universe", "zipf_s", "zipf_q"), ITEMS)),
         "genres": list(GENRE_NAMES), "genre_counts": list(GENRE_COUNTS), "missing_price": MISSING_PRICE,
-        "teacher": {"kind": "factorization machine", "target_auc": TARGET_AUC, "target_ctr": TARGET_CTR,
+        "teacher": {"kind": "factorization machine", "target_auc": TARGET_AUC, "target_ctr": target_ctr,
                     "lin_scale": teacher.lin_scale, "pair_scale": teacher.pair_scale, "offset": teacher.offset},
     }

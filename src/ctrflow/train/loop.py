@@ -39,6 +39,7 @@ from ctrflow.tracking import NullTracker, Tracker
 from ctrflow.tune.report import Reporter
 from ctrflow import checkpoint
 from ctrflow.train.best import BestCheckpoint
+from ctrflow.train.calibration import calibrated, restore_trained_bias
 from ctrflow.accel.accelerate import Built, accelerate
 from ctrflow.accel.plan import RunPlan, plan_run, run_record, tracked_params
 from ctrflow.accel.dense_average import DenseAverage
@@ -71,6 +72,8 @@ class Session:
     average: DenseAverage | None = None  # N processes, graphed step: the step averages the dense gradients
     reporter: Reporter = Reporter()  # tuning services' metrics (`--report-metrics`), main process only
     best: BestCheckpoint = field(default_factory=BestCheckpoint)  # best validation so far, early stopping
+    # the calibration of a resumed checkpoint with nothing left to train (its weights are saved again as read)
+    calibration: dict | None = None
     step: int = 0
     epoch: int = 0
     batch: int = 0
@@ -106,6 +109,8 @@ def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
     np.random.seed(config.seed)
     random.seed(config.seed)
     schema = Schema.load(config.data.path)
+    # the batch the split's size gives (`DataConfig.batch_for`), recorded as given in config.json and the run plan
+    config = replace(config, data=replace(config.data, batch_size=config.data.batch_for(schema.rows["train"])))
     train_loader, valid_loader, loader = _loaders(config, schema, runtime)
     optimizers, plan, built = _build(config, runtime, schema, loader)
     epoch_steps = len(train_loader)
@@ -225,6 +230,10 @@ def _resume(s: Session) -> Path:
     if diffs:
         raise UserError(f"--resume {s.config.resume}: the checkpoint's model differs: " + "; ".join(diffs))
     meta = checkpoint.restore_checkpoint(step_dir, s.model, s.optimizers, runtime=s.runtime)
+    if s.step < s.total_steps:  # training continues from its own bias, not the calibrated one the checkpoint holds
+        restore_trained_bias(s.model, meta)
+    else:
+        s.calibration = meta.get("calibration")
     s.step, s.epoch, s.batch = meta["step"], meta["epoch"], meta["batch"]
     print0(f"ctrflow train: resumed from {step_dir} at step {s.step} (epoch {s.epoch}, batch {s.batch})")
     return step_dir.parent / "metrics.jsonl"
@@ -297,16 +306,18 @@ def _periodic(s: Session, log: ProgressLog, done: dict[str, int], last: bool) ->
         done["eval"] = step
         best = s.best.offer(step, valid["auc"])  # the best is written now, whatever checkpoint_every says
         save = save or best or s.best.stop
-        print0(f"step {step}: valid auc {valid['auc']:.4f} logloss {valid['logloss']:.4f}{s.best.note(best)}")
+        print0(f"step {step}: valid auc {valid['auc']:.4f} logloss {valid['logloss']:.4f} "
+               f"mean prediction / click rate {valid['calibration_ratio']:.3f}{s.best.note(best)}")
         s.reporter.report(step, s.epoch, valid)
     if evaluate or (cfg.log_every and step % cfg.log_every == 0):
         log.report(step, lr, {"auc": valid["auc"], "valid_logloss": valid["logloss"]} if valid else None)
     if save:
         log.check_finite(step)  # never checkpoint weights a NaN has reached
         log.pause()
-        checkpoint.save_checkpoint(s.out, s.model, s.optimizers, {"step": step, "epoch": s.epoch, "batch": s.batch},
-                                   cfg, s.schema, s.runtime, metrics=valid or {}, run=run_record(cfg, s.plan),
-                                   best=best)
+        with calibrated(s.model, valid, cfg.calibrate) as record:  # the bias the validation fitted, saved
+            checkpoint.save_checkpoint(s.out, s.model, s.optimizers, {"step": step, "epoch": s.epoch, "batch": s.batch},
+                                       cfg, s.schema, s.runtime, metrics=valid or {},
+                                       run={**run_record(cfg, s.plan), "calibration": record}, best=best)
         log.resume()
         done["ckpt"] = step
     return valid
@@ -317,8 +328,10 @@ def _finish(s: Session, log: ProgressLog, valid: dict[str, float], done: dict[st
         if s.valid_loader is not None:
             valid = validate(s.model, s.valid_loader, s.runtime, s.amp)
             s.reporter.report(s.step, s.epoch, valid)
+        # nothing trained (a resumed run at its end, a warm start of 0 steps): the weights as they were read
         checkpoint.save_checkpoint(s.out, s.model, s.optimizers, {"step": s.step, "epoch": s.epoch, "batch": s.batch},
-                                   s.config, s.schema, s.runtime, metrics=valid, run=run_record(s.config, s.plan))
+                                   s.config, s.schema, s.runtime, metrics=valid,
+                                   run={**run_record(s.config, s.plan), "calibration": s.calibration})
         done["ckpt"] = s.step
     summary = {"step": s.step, "epoch": s.epoch, "loss": log.last.get("loss"),
                "samples_per_s": log.throughput(s.step), "checkpoint": str(s.out / f"step_{done['ckpt']:08d}"),

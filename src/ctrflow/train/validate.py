@@ -1,4 +1,5 @@
-"""Periodic validation during training: exact AUC and logloss over the valid split.
+"""Periodic validation during training: exact AUC, logloss and calibration over the valid split, and
+the output-bias shift that calibrates the checkpoint written after it (`ctrflow.train.calibration`).
 
 The split streams through `ctrflow.loaders.scan.ScanLoader` (bounded memory, each process its own
 contiguous share); each process keeps its logits and labels (8 bytes a row), rank 0 gathers them,
@@ -13,14 +14,14 @@ import torch.distributed as dist
 from torch import nn
 
 from ctrflow.loaders.scan import ScanLoader
-from ctrflow.evaluate.metrics import auc, logloss
+from ctrflow.evaluate.metrics import auc, calibrating_shift, logloss
 from ctrflow.evaluate.scoring import score_batches
 from ctrflow.runtime import Runtime
 
 
 def validate(model: nn.Module, loader: ScanLoader, runtime: Runtime,
              amp: torch.dtype | None = None) -> dict[str, float]:
-    """`{"auc", "logloss", "rows"}` over every row of `loader` (each process scores its share;
+    """`valid_metrics` over every row of `loader` (each process scores its share;
     every process returns the same numbers); `amp`: autocast dtype."""
     was_training = model.training
     model.eval()
@@ -46,6 +47,11 @@ def combine_metrics(labels: np.ndarray, logits: np.ndarray, runtime: Runtime) ->
 
 
 def valid_metrics(labels: np.ndarray, logits: np.ndarray) -> dict[str, float]:
-    """AUC (ranked on the logits), logloss and row count."""
+    """`{"auc", "logloss", "rows", "calibration_ratio", "output_bias_shift"}`: AUC (ranked on the
+    logits), logloss, row count, mean prediction / observed click rate, and the output-bias change that
+    makes that ratio 1 (`calibrating_shift`)."""
     probs = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
-    return {"auc": auc(labels, logits), "logloss": logloss(labels, probs), "rows": int(labels.size)}
+    rate = float(labels.mean()) if labels.size else 0.0
+    return {"auc": auc(labels, logits), "logloss": logloss(labels, probs), "rows": int(labels.size),
+            "calibration_ratio": float(probs.mean()) / rate if rate > 0 else float("nan"),
+            "output_bias_shift": calibrating_shift(labels, logits)}

@@ -43,7 +43,7 @@ def trial_config(base: TrainConfig, values: dict[str, Any], data: str | Path, ou
 def epoch_steps(config: TrainConfig, train_rows: int) -> int:
     """Steps of one epoch (capped by `limit_train_batches` and by `max_steps`): the span the
     validations are spread over."""
-    steps = max(1, train_rows // config.data.batch_size)
+    steps = max(1, train_rows // config.data.batch_for(train_rows))
     if config.data.limit_train_batches:
         steps = min(steps, config.data.limit_train_batches)
     if config.max_steps:
