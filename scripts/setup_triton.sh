@@ -11,7 +11,7 @@ set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="${1:-$REPO/.venv-triton}"
 PYTHON="${PYTHON:-python3}"
-# torch is pinned like the rest of the project (ENVIRONMENT.md: the pin takes the CPU build here).
+# torch is pinned like the rest of the project (constraints.txt).
 REQUIREMENTS=(
   "nvidia-pytriton==0.7.0"
   "numpy<2"

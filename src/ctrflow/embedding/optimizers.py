@@ -22,7 +22,7 @@ from ctrflow.embedding.tables import TableConfig
 from ctrflow.errors import UserError
 
 KINDS = ("sgd", "adagrad", "adam", "lazy_adam")
-LARGE_TABLE_ROWS = 1_000  # auto: LazyAdam at or above this many rows, dense Adam below (see config.py)
+LARGE_TABLE_ROWS = 1_000  # auto: LazyAdam at or above this many rows, dense Adam below (see config/tree.py)
 
 
 def choose_kind(table: TableConfig, kind: str = "auto", large_table_rows: int = LARGE_TABLE_ROWS) -> str:
