@@ -1,5 +1,6 @@
 """The layout says it: only Criteo's own modules (its description `contract/criteo.py`, its fast paths
-`ingest/criteo/`, its generator `synth/criteo.py`) name Criteo's columns; everything else reads the
+`ingest/criteo/`, its generators `synth/criteo.py` and `synth/dlrmv2.py`, MLPerf's multi-hot Criteo)
+name Criteo's columns; everything else reads the
 feature contract from schema.json."""
 
 from __future__ import annotations
@@ -8,8 +9,9 @@ import ast
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "ctrflow"
-CRITEO = (SRC / "contract" / "criteo.py", SRC / "ingest" / "criteo", SRC / "synth" / "criteo.py")
-CRITEO_MODULES = ("ctrflow.contract.criteo", "ctrflow.ingest.criteo", "ctrflow.synth.criteo")
+CRITEO = (SRC / "contract" / "criteo.py", SRC / "ingest" / "criteo", SRC / "synth" / "criteo.py",
+          SRC / "synth" / "dlrmv2.py")
+CRITEO_MODULES = ("ctrflow.contract.criteo", "ctrflow.ingest.criteo", "ctrflow.synth.criteo", "ctrflow.synth.dlrmv2")
 CONSTANTS = {"DENSE", "SPARSE", "RAW_COLUMNS", "TEST_COLUMNS"}
 
 
