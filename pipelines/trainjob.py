@@ -30,7 +30,7 @@ BACKENDS = ("kubernetes", "container")
 RUNTIME = "torch-distributed"
 WORKSPACE = "/workspace"  # where the container backend mounts the job's folder in every node
 SHARED = "/mnt/ctrflow"  # where the pipeline's train task and every node of its job mount the volume
-LAST_LINES = 40  # torchrun's own failure summary takes about 20
+LAST_LINES = 60  # torchrun's own traceback and failure summary take about 35
 
 
 def train_on_node(argv: list[str]) -> None:
@@ -112,7 +112,7 @@ def run_train_job(name: str, train_args: list[str], num_nodes: int, gpus_per_nod
     options = [Name(name), *([volume_patch(volume)] if volume else [])]
     client.train(runtime=client.get_runtime(RUNTIME), trainer=trainer, options=options)
     try:
-        last = follow_logs(client, name, echo)
+        last = follow_logs(client, name, echo, whole_lines=backend == "kubernetes")
         status = final_status(client, name, timeout)
         if status != "Complete":
             raise UserError(f"TrainJob {name} {status.lower()}; its last log lines:\n" + "\n".join(last))
@@ -140,7 +140,7 @@ def run_staged_job(name: str, train_args: list[str], stages: dict[str, str], che
         status = run_train_job(name, argv, num_nodes, gpus_per_node, image, backend=backend, namespace=namespace,
                                echo=echo, volume=volume if backend == "kubernetes" else "")
     except UserError as err:
-        if backend == "kubernetes" and not volume:  # no folder of ours: the job's own --out
+        if backend == "kubernetes" and not (stages or checkpoint_to):  # no folder of ours: the job's own --out
             raise
         raise UserError(f"{err}\nthe job's folder, its checkpoints to --resume from: {here}") from None
     if checkpoint_to:
@@ -173,16 +173,22 @@ def stage(flag: str, source: Path, folder: Path) -> Path:
     return target.relative_to(folder)
 
 
-def follow_logs(client, name: str, echo: Callable[[str], None]) -> list[str]:
-    """Print node 0's log as it comes until the job ends; returns its last lines."""
+def follow_logs(client, name: str, echo: Callable[[str], None], whole_lines: bool = False) -> list[str]:
+    """Print the job's log as it comes until the job ends; returns its last lines. `whole_lines`: the
+    backend yields one line at a time (Kubernetes), not pieces of the stream cut anywhere (containers)."""
     last: deque[str] = deque(maxlen=LAST_LINES)
+    pending = ""
     try:
-        for chunk in client.get_job_logs(name, follow=True):
-            for line in chunk.rstrip("\n").split("\n"):
+        for piece in client.get_job_logs(name, follow=True):
+            *lines, pending = (pending + piece + ("\n" if whole_lines else "")).split("\n")
+            for line in lines:
                 last.append(line)
                 echo(line)
     except Exception as err:  # noqa: BLE001  the job deleted under us: its status says what happened
-        last.append(f"(log stream ended: {err})")
+        pending += f"(log stream ended: {err})"
+    if pending:
+        last.append(pending)
+        echo(pending)
     return list(last)
 
 
