@@ -15,5 +15,9 @@ def use_image(pipeline, image: str):
     executors = pipeline.pipeline_spec.deployment_spec["executors"]
     for name in executors:
         if "container" in executors[name]:  # importers have none
-            executors[name]["container"]["image"] = image
+            container = executors[name]["container"]
+            container["image"] = image
+            for variable in container["env"] if "env" in container else []:  # a task that names its own image
+                if variable["name"] == IMAGE_ENV:
+                    variable["value"] = image
     return pipeline

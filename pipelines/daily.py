@@ -41,6 +41,8 @@ def daily_pipeline(
     learning_rate: float = 0.0,
     max_steps: int = 0,
     num_gpus: int = 0,
+    train_nodes: int = 1,
+    train_volume: str = "",
     gpu_type: str = "nvidia.com/gpu",
     model_name: str = "ctr",
     export_backend: str = "onnxruntime",
@@ -77,15 +79,15 @@ def daily_pipeline(
         settings = {"model": model, "epochs": epochs, "batch_size": batch_size, "embedding_dim": embedding_dim,
                     "learning_rate": learning_rate, "max_steps": max_steps, "seed": seed,
                     "init_from": inputs.outputs["init_from"]}
-        trained = add_training(data.outputs["data"], settings, num_gpus, gpu_type, tracking)
-        trained.set_display_name("warm-start train").set_caching_options(False)
-        scored = evaluate(data=data.outputs["data"], checkpoint=trained.outputs["checkpoint"], **tracking)
+        checkpoint = add_training(data.outputs["data"], settings, num_gpus, gpu_type, tracking, nodes=train_nodes,
+                                  volume=train_volume, name="warm-start train", cache=False)
+        scored = evaluate(data=data.outputs["data"], checkpoint=checkpoint, **tracking)
         scored.set_display_name("evaluate").set_caching_options(False)
-        exported = export(data=data.outputs["data"], checkpoint=trained.outputs["checkpoint"],
+        exported = export(data=data.outputs["data"], checkpoint=checkpoint,
                           report=scored.outputs["report"], name=model_name, backend=export_backend,
                           base=inputs.outputs["base"], **tracking)
         exported.set_display_name("export next version").set_caching_options(False)
-        promoted = promote_day(data=data.outputs["data"], checkpoint=trained.outputs["checkpoint"], state=state,
+        promoted = promote_day(data=data.outputs["data"], checkpoint=checkpoint, state=state,
                                name=model_name, min_gain=min_gain, backend=export_backend, **tracking)
         # promote reads the candidate the export registered
         promoted.set_display_name("promote and record the day").set_caching_options(False).after(exported)

@@ -61,6 +61,12 @@ def run_local(pipeline_root: str | os.PathLike, arguments: dict[str, Any],
     `pipeline_root` with `runner` ("subprocess" or "docker"); returns the run's output folder. With
     `log_file`, the tasks' logs go there (after what it holds with `append`) and the console shows one
     line per task start and end. Raises RuntimeError naming the failed task."""
+    if runner == "docker" and int(arguments.get("train_nodes", 1)) > 1:
+        from ctrflow.errors import UserError
+
+        # the train task would have to start the TrainJob's containers from inside its own
+        raise UserError("--train-nodes above 1 runs the train step as a TrainJob of containers: "
+                        "use --runner subprocess")
     if log_file is None:
         return _run(pipeline_root, arguments, pipeline, runner)
     import sys
@@ -94,12 +100,41 @@ def _run(pipeline_root: str | os.PathLike, arguments: dict[str, Any], pipeline: 
 
     printing = builtins.print
     try:
-        with docker_api() if runner == "docker" else contextlib.nullcontext():
+        with docker_api() if runner == "docker" else contextlib.nullcontext(), branch_artifacts():
             return _run_pipeline(pipeline_root, arguments, pipeline, runner)
     finally:
         # KFP's runner indents task output by swapping `print` for a wrapper and back, per task; tasks
         # in parallel threads restore each other's wrappers, leaving a print that indents everything after
         builtins.print = printing
+
+
+@contextlib.contextmanager
+def branch_artifacts() -> Iterator[None]:
+    """Within: KFP's local runner resolves a `dsl.OneOf` of artifacts (the train step's checkpoint, from
+    the branch for one node or the TrainJob's) to the output of the branch that ran, as a cluster
+    does; kfp 2.17's local runner resolves OneOf for parameters only."""
+    from kfp.local.orchestrator.orchestrator_utils import OrchestratorUtils
+
+    def resolve(cls, dag_outputs_spec, io_store) -> dict[str, Any]:
+        outputs = {}
+        for key, spec in dag_outputs_spec.artifacts.items():
+            found = []
+            for selector in spec.artifact_selectors:
+                try:
+                    found.append(io_store.get_task_output(selector.producer_subtask, selector.output_artifact_key))
+                except (KeyError, ValueError):  # a branch that did not run
+                    continue
+            if len(found) != 1:
+                raise ValueError(f"DAG output {key!r}: {len(found)} branches produced it, expected 1")
+            outputs[key] = found[0]
+        return outputs
+
+    original = OrchestratorUtils.__dict__["get_dag_output_artifacts"]
+    OrchestratorUtils.get_dag_output_artifacts = classmethod(resolve)
+    try:
+        yield
+    finally:
+        OrchestratorUtils.get_dag_output_artifacts = original
 
 
 def docker_runner(arguments: dict[str, Any]):

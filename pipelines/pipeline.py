@@ -26,6 +26,8 @@ from kfp import dsl, kubernetes
 from ctrflow_components import (accelerator_type, count_values, evaluate, export, finalize_data, finish_run,
                                 merge_counts, start_run, track_data, train, transform_file, tune)
 from ctrflow_components import raw_data as fetch_raw_data  # the pipeline parameter `raw_data` shadows the name
+from ctrflow_components.image import IMAGE_ENV, TRAIN_IMAGE
+from ctrflow_pipelines.trainjob import SHARED
 
 PIPELINE_NAME = "ctrflow"
 SHM_SIZE = "16Gi"  # torchrun workers and DataLoader workers share tensors through /dev/shm
@@ -55,17 +57,29 @@ def request_gpus(task, kind, num_gpus):
     return task
 
 
-def add_training(data, settings: dict, num_gpus, gpu_type, tracking: dict, tuning: dict | None = None):
+def add_training(data, settings: dict, num_gpus, gpu_type, tracking: dict, tuning: dict | None = None,
+                 nodes=1, volume="", name: str = "train", cache: bool = True):
     """Add the train task on `num_gpus` GPUs (0: CPU); with `tuning` (the tune task's trials, parallel
     and space), the tune task before it on the same resources, whose best config it trains (the tune
-    task is a no-op at 0 trials). Returns the train task."""
-    kind = accelerator_type(num_gpus=num_gpus, gpu_type=gpu_type).set_display_name("accelerator")
+    task is a no-op at 0 trials). With `nodes` > 1 the train task, on no GPU itself, runs a TrainJob
+    of `nodes` nodes of `num_gpus` GPUs each, the PVC `volume` mounted in it and in every node.
+    Returns the checkpoint of whichever ran."""
     tuned = {}
     if tuning is not None:
+        kind = accelerator_type(num_gpus=num_gpus, gpu_type=gpu_type).set_display_name("tune accelerator")
         task = request_gpus(tune(data=data, **tuning, **settings, **tracking).set_display_name("tune"), kind, num_gpus)
         tuned = {"config": task.outputs["Output"]}
-    trained = train(data=data, num_gpus=num_gpus, **tuned, **settings, **tracking)
-    return request_gpus(trained.set_display_name("train"), kind, num_gpus)
+    # the compiler passes no output used only in resources into a branch: the train task's type is decided in its own
+    with dsl.If(nodes == 1, name="one-node"):
+        kind = accelerator_type(num_gpus=num_gpus, gpu_type=gpu_type).set_display_name("accelerator")
+        here = request_gpus(train(data=data, num_gpus=num_gpus, **tuned, **settings, **tracking), kind, num_gpus)
+    with dsl.Else(name="several-nodes"):
+        job = train(data=data, num_gpus=num_gpus, nodes=nodes, volume=volume, **tuned, **settings, **tracking)
+        kubernetes.mount_pvc(job, pvc_name=volume, mount_path=SHARED)
+        job.set_env_variable(IMAGE_ENV, TRAIN_IMAGE)  # the job's nodes run the task's image
+    for task, shown in ((here, name), (job, f"{name} (TrainJob)")):
+        task.set_display_name(shown).set_caching_options(cache)
+    return dsl.OneOf(here.outputs["checkpoint"], job.outputs["checkpoint"])
 
 
 @dsl.pipeline(name=PIPELINE_NAME, description="CTR on any described dataset: preprocess, train, evaluate, "
@@ -87,6 +101,8 @@ def ctrflow_pipeline(
     learning_rate: float = 0.0,
     max_steps: int = 0,
     num_gpus: int = 0,
+    train_nodes: int = 1,
+    train_volume: str = "",
     tune_trials: int = 0,
     tune_parallel: int = 2,
     tune_space: str = TUNE_SPACE,
@@ -105,6 +121,10 @@ def ctrflow_pipeline(
     model: a registered model's name (`ctrflow train --model`'s choices: `ctrflow.models.MODELS`).
     batch_size, embedding_dim, learning_rate, max_steps: 0 keeps the train step's default. num_gpus: GPUs of the train task (0: CPU; more than 1: torchrun); gpu_type: their
     resource name (`nvidia.com/gpu` on Kubernetes, e.g. `NVIDIA_H100_80GB` on Vertex AI).
+    train_nodes: more than 1 trains as a Kubeflow Trainer TrainJob of that many nodes of `num_gpus`
+    GPUs each, in the task's image; on a cluster `train_volume` names the PVC (ReadWriteMany) that
+    carries the data and checkpoint between the task and the nodes (outside Kubernetes, the nodes
+    are containers of this machine's Docker or podman).
     tune_trials: trials of the tuning stage before training (0: no tuning), `tune_parallel` at a
     time, over `tune_space` (a search space file's YAML text, freq_threshold excepted); the other
     train settings are every trial's base.
@@ -122,8 +142,8 @@ def ctrflow_pipeline(
                     "seed": seed, "freq_threshold": freq_threshold, "model": model, "epochs": epochs,
                     "batch_size": batch_size, "embedding_dim": embedding_dim,
                     "learning_rate": learning_rate, "max_steps": max_steps, "num_gpus": num_gpus,
-                    "tune_trials": tune_trials, "tune_parallel": tune_parallel, "model_name": model_name,
-                    "export_backend": export_backend, "gpu_type": gpu_type},
+                    "train_nodes": train_nodes, "tune_trials": tune_trials, "tune_parallel": tune_parallel,
+                    "model_name": model_name, "export_backend": export_backend, "gpu_type": gpu_type},
         ).set_display_name("open MLflow run").set_caching_options(False)
         tracking = {"tracking_uri": mlflow_tracking_uri, "experiment": mlflow_experiment,
                     "parent_run_id": opening.output, "kfp_run_id": kfp_run_id}
@@ -135,7 +155,7 @@ def ctrflow_pipeline(
         settings = {"model": model, "epochs": epochs, "batch_size": batch_size, "embedding_dim": embedding_dim,
                     "learning_rate": learning_rate, "max_steps": max_steps, "seed": seed}
         tuning = {"trials": tune_trials, "parallel": tune_parallel, "space": tune_space}
-        checkpoint = add_training(data, settings, num_gpus, gpu_type, tracking, tuning).outputs["checkpoint"]
+        checkpoint = add_training(data, settings, num_gpus, gpu_type, tracking, tuning, train_nodes, train_volume)
         scored = evaluate(data=data, checkpoint=checkpoint, **tracking).set_display_name("evaluate")
         export(data=data, checkpoint=checkpoint, report=scored.outputs["report"], name=model_name,
                backend=export_backend, **tracking).set_display_name("export")

@@ -50,13 +50,14 @@ def test_the_daily_cycle_chains_vocabulary_warm_start_base_and_gate(daily):
     inputs = {name: task["inputs"]["parameters"] for name, task in tasks.items() if "parameters" in task.get("inputs", {})}
     from_state = {"preprocess-day": "vocab_from", "train": "init_from", "export": "base"}
     for task, parameter in from_state.items():
-        assert inputs[task][parameter]["taskOutputParameter"] == {"outputParameterKey": parameter,
-                                                                   "producerTask": "day-inputs"}, task
+        given = inputs[task][parameter]  # the train task sits in a branch (one node or a TrainJob): a channel into it
+        assert given.get("taskOutputParameter") == {"outputParameterKey": parameter, "producerTask": "day-inputs"} \
+            or given == {"componentInputParameter": f"pipelinechannel--day-inputs-{parameter}"}, task
     assert inputs["raw-data"]["train_files"]["taskOutputParameter"]["producerTask"] == "day-inputs"
     assert inputs["day-inputs"]["days_back"] == {"componentInputParameter": "pipelinechannel--days_back"}
-    assert {"export", "preprocess-day", "train"} <= set(tasks["promote-day"]["dependentTasks"])
+    assert {"export", "preprocess-day", "condition-branches-2"} <= set(tasks["promote-day"]["dependentTasks"])
     assert tasks["promote-day"]["inputs"]["parameters"]["min_gain"] == {"componentInputParameter": "pipelinechannel--min_gain"}
-    for name in ("day-inputs", "raw-data", "preprocess-day", "train", "evaluate", "export", "promote-day"):
+    for name in ("day-inputs", "raw-data", "preprocess-day", "train", "train-2", "evaluate", "export", "promote-day"):
         assert tasks[name].get("cachingOptions", {}) == {}, name  # never reused: the state changes daily
 
 
@@ -76,20 +77,36 @@ def test_one_train_task_serves_cpu_and_gpus(compiled):
     spec = load_spec(compiled)
     executors = spec["deploymentSpec"]["executors"]
     assert {n for n in executors if n.startswith(("exec-train", "exec-evaluate", "exec-export"))} == {
-        "exec-train", "exec-evaluate", "exec-export"}  # no per-branch copies
+        "exec-train", "exec-train-2", "exec-evaluate", "exec-export"}  # one train task here, one launching a TrainJob
     requesting = {n for n, ex in executors.items() if "accelerator" in ex["container"].get("resources", {})}
     assert requesting == {"exec-train", "exec-tune"}  # the tuning stage's trials train on the same resources
-    for name in ("train", "tune"):
+    for name, kind in (("train", "accelerator-type-2"), ("tune", "accelerator-type")):
         accelerator = executors[f"exec-{name}"]["container"]["resources"]["accelerator"]
         assert accelerator["resourceCount"] == "{{$.inputs.parameters['pipelinechannel--num_gpus']}}"
         # the type comes from a task that answers "" on CPU: the KFP driver then sets no GPU limit at all
-        assert accelerator["resourceType"] == "{{$.inputs.parameters['pipelinechannel--accelerator-type-Output']}}"
-        assert "accelerator-type" in tasks_of(spec)[name]["dependentTasks"]
+        assert accelerator["resourceType"] == f"{{{{$.inputs.parameters['pipelinechannel--{kind}-Output']}}}}"
+        assert kind in tasks_of(spec)[name]["dependentTasks"]
         shm = spec["platforms"]["kubernetes"]["deploymentSpec"]["executors"][f"exec-{name}"]["emptyDirMounts"]
         assert shm == [{"medium": "Memory", "mountPath": "/dev/shm", "sizeLimit": "16Gi", "volumeName": "dshm"}]
     assert set(spec["root"]["inputDefinitions"]["parameters"]) >= {
         "raw_data", "dataset", "model", "freq_threshold", "epochs", "batch_size", "num_gpus", "mlflow_tracking_uri",
         "mlflow_experiment"}
+
+
+def test_several_nodes_train_as_a_trainjob_sharing_the_pipeline_volume(compiled):
+    spec = load_spec(compiled)
+    tasks = tasks_of(spec)
+    branches = {name: task["triggerPolicy"]["condition"] for name, task in tasks.items() if "triggerPolicy" in task}
+    assert sorted(branches.values()) == ["!(int(inputs.parameter_values['pipelinechannel--train_nodes']) == 1)",
+                                         "int(inputs.parameter_values['pipelinechannel--train_nodes']) == 1"]
+    assert spec["root"]["inputDefinitions"]["parameters"]["train_nodes"]["defaultValue"] == 1  # in-task training
+    job = tasks["train-2"]["inputs"]["parameters"]
+    assert job["nodes"] == {"componentInputParameter": "pipelinechannel--train_nodes"}
+    assert "resources" not in spec["deploymentSpec"]["executors"]["exec-train-2"]["container"]  # its nodes hold the GPUs
+    mounts = spec["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-train-2"]["pvcMount"]
+    assert [(m["mountPath"], m["pvcNameParameter"]) for m in mounts] == [
+        ("/mnt/ctrflow", {"componentInputParameter": "pipelinechannel--train_volume"})]
+    assert "pvcMount" not in spec["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-train"]
 
 
 def test_tuning_stage_hands_its_best_config_to_the_one_train_task(compiled):
@@ -98,9 +115,12 @@ def test_tuning_stage_hands_its_best_config_to_the_one_train_task(compiled):
     params = spec["root"]["inputDefinitions"]["parameters"]
     assert params["tune_trials"]["defaultValue"] == 0  # optional: off unless asked for
     assert yaml.safe_load(params["tune_space"]["defaultValue"])["lr"]["log"] is True
-    config = tasks["train"]["inputs"]["parameters"]["config"]["taskOutputParameter"]
-    assert config == {"outputParameterKey": "Output", "producerTask": "tune"}
-    assert tasks["tune"]["inputs"]["artifacts"]["data"] == tasks["train"]["inputs"]["artifacts"]["data"]
+    for train in ("train", "train-2"):  # in either branch, through a channel into it
+        assert tasks[train]["inputs"]["parameters"]["config"] == {"componentInputParameter": "pipelinechannel--tune-Output"}
+    branches = tasks["condition-branches-4"]["inputs"]
+    assert branches["parameters"]["pipelinechannel--tune-Output"]["taskOutputParameter"] == {
+        "outputParameterKey": "Output", "producerTask": "tune"}
+    assert tasks["tune"]["inputs"]["artifacts"]["data"] == branches["artifacts"]["pipelinechannel--finalize-data-data"]
     assert tasks["tune"]["inputs"]["parameters"]["trials"]["componentInputParameter"] == "pipelinechannel--tune_trials"
 
 
@@ -170,6 +190,8 @@ def test_compile_out_writes_the_main_pipeline_in_the_image_given(tmp_path, capsy
     assert main(["pipeline", "compile", "--out", str(tmp_path / "p.yaml"), "--image", "registry.example/ctr:7"]) == 0
     assert next(yaml.safe_load_all((tmp_path / "p.yaml").read_text()))["pipelineInfo"]["name"] == "ctrflow"
     assert images_of(tmp_path / "p.yaml") == {"registry.example/ctr:7"}
+    job = next(yaml.safe_load_all((tmp_path / "p.yaml").read_text()))["deploymentSpec"]["executors"]["exec-train-2"]
+    assert job["container"]["env"] == [{"name": "CTRFLOW_IMAGE", "value": "registry.example/ctr:7"}]  # its nodes' image
     assert main(["pipeline", "compile", "--out", str(tmp_path / "d.yaml"), "--pipeline", "daily"]) == 0
     assert images_of(tmp_path / "d.yaml") == {TRAIN_IMAGE}  # --image held for its own command only
 
