@@ -27,12 +27,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 def group_by_file(items) -> None:
-    """One xdist group per test file, so a file's module fixtures are built once; the files that use a
+    """One xdist group per test file, so a file's module fixtures are built once; the tests that use a
     costly session fixture share one group, so it is built once too."""
-    shared = {item.path for item in items if set(SHARED_SESSION_FIXTURES) & set(item.fixturenames)}
     for item in items:
         if not item.get_closest_marker("xdist_group"):
-            group = "shared-session" if item.path in shared else item.nodeid.split("::", 1)[0]
+            shared = set(SHARED_SESSION_FIXTURES) & set(item.fixturenames)
+            group = "shared-session" if shared else item.nodeid.split("::", 1)[0]
             item.add_marker(pytest.mark.xdist_group(group))
 
 
