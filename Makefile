@@ -25,10 +25,11 @@ browser:
 serving: setup
 	bash scripts/setup_triton.sh .venv-triton
 
-# Tests run in parallel workers (pytest-xdist), one test file to a worker at a time (tests/conftest.py):
-# they wait on subprocesses and servers, so 3 workers pay even on 2 cores. TEST_WORKERS=0: one process.
+# Tests run in parallel workers (pytest-xdist), a whole test file to a worker (tests/conftest.py), in
+# the order collected (the slow integration files first): they wait on subprocesses and servers, so 3
+# workers pay even on 2 cores. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 3
-PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: setup browser serving
 	$(PYTEST)

@@ -1,4 +1,4 @@
-"""Shared test setup: GPU tests skipped without CUDA, tests grouped for parallel workers, the real
+"""Shared test setup: GPU tests skipped without CUDA, whole files to parallel workers, the real
 Criteo rows beside the repository, one intra-op thread on request. Helpers that tests share live in the
 `tests.fixtures` package."""
 
@@ -17,27 +17,28 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # spin against the other workers' (torch reads this when it is first imported, after this file).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-SHARED_SESSION_FIXTURES = ("pipeline_run",)  # too costly to build once per parallel worker
+# The files whose tests read the one local pipeline run (tests/integration/conftest.py): one worker
+# takes them all, so that run is made once.
+PIPELINE_RUN_FILES = {"tests/integration/test_pipeline_local.py", "tests/integration/test_mlflow_ui.py",
+                      "tests/integration/test_container_pipeline.py"}
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (`--dist loadgroup`)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile`: a worker takes a whole file (its module fixtures are built once), and the
+    files in PIPELINE_RUN_FILES together (the pipeline run is made once)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ByFileSharingThePipelineRun(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "pipeline-run" if path in PIPELINE_RUN_FILES else path
+
+    return ByFileSharingThePipelineRun(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    group_by_file(items)
-    skip_gpu_tests_without_cuda(items)
-
-
-def group_by_file(items) -> None:
-    """One xdist group per test file, so a file's module fixtures are built once; the tests that use a
-    costly session fixture share one group, so it is built once too."""
-    for item in items:
-        if not item.get_closest_marker("xdist_group"):
-            shared = set(SHARED_SESSION_FIXTURES) & set(item.fixturenames)
-            group = "shared-session" if shared else item.nodeid.split("::", 1)[0]
-            item.add_marker(pytest.mark.xdist_group(group))
-
-
-def skip_gpu_tests_without_cuda(items) -> None:
-    """A skip on every `gpu` test where torch sees no CUDA device."""
     try:
         import torch
 
