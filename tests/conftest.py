@@ -23,6 +23,7 @@ PIPELINE_RUN_FILES = {"tests/integration/test_pipeline_local.py", "tests/integra
                       "tests/integration/test_container_pipeline.py"}
 
 
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unknown where xdist is not installed
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadfile`: a worker takes a whole file (its module fixtures are built once), and the
     files in PIPELINE_RUN_FILES together (the pipeline run is made once)."""
