@@ -26,9 +26,8 @@ serving: setup
 	bash scripts/setup_triton.sh .venv-triton
 
 # Tests run in parallel workers (pytest-xdist), a whole test file to a worker (tests/conftest.py), in
-# the order collected (the slow integration files first): they wait on subprocesses and servers, so 3
-# workers pay even on 2 cores. TEST_WORKERS=0: one process.
-TEST_WORKERS ?= 3
+# the order collected (the slow integration files first). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: setup browser serving
