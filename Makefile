@@ -25,11 +25,16 @@ browser:
 serving: setup
 	bash scripts/setup_triton.sh .venv-triton
 
+# Tests run in parallel workers (pytest-xdist), a whole test file to a worker (tests/conftest.py), in
+# the order collected (the slow integration files first). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
 test: setup browser serving
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
 
 test-unit: setup
-	$(BIN)/python -m pytest -q tests/unit
+	$(PYTEST) tests/unit
 
 # Container images (docker/README.md): both built with docker or podman, whichever runs here, on the
 # Dockerfiles' CUDA bases. IMAGE_REPO and IMAGE_TAG name them (default localhost/ctrflow/...:0.1.0).
@@ -47,8 +52,8 @@ images-local: podman
 	HOST_PIP=1 TRAIN_BASE=$(LOCAL_BASE) SERVE_BASE=$(LOCAL_BASE) \
 	    SERVE_ARGS="WITH_TORCH=1 TRITON_WHEEL=nvidia-pytriton==0.7.0" bash scripts/build_images.sh
 
-# The pipeline in its containers, a two-node TrainJob, the serving image (they skip without an engine).
+# The pipeline in its containers, a two-node TrainJob, the serving image: the tests marked `containers`,
+# which `make test` leaves out (they skip without an engine).
 test-containers: setup images-local
 	$(BIN)/pip install -q -c constraints.txt -e ".[dev,kubeflow]"
-	$(BIN)/python -m pytest -q tests/integration/test_container_pipeline.py \
-	    tests/integration/test_container_trainjob.py tests/integration/test_container_serving.py
+	$(BIN)/python -m pytest -q -m containers tests/integration

@@ -66,7 +66,9 @@ def mlflow_server(tmp_path_factory) -> str:
             [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp}/mlflow.db",
              "--artifacts-destination", str(tmp / "artifacts"), "--host", "127.0.0.1",
              "--port", url.rsplit(":", 1)[1], "--workers", "1"],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            # no job runner: it forks ~8 consumer processes for features ctrflow does not use
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     try:
         _wait_for_health(url, server, log)
         yield url

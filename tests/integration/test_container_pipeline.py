@@ -14,7 +14,7 @@ import pytest
 from tests.fixtures.containers import docker_host, train_image  # noqa: F401  (fixtures)
 from tests.integration.conftest import EXPERIMENT, MODEL_NAME
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.containers]  # make test-containers
 STEPS = {"synth", "preprocess", "train", "evaluate", "export"}
 DOCKER_EXPERIMENT, DOCKER_MODEL = EXPERIMENT + "-docker", MODEL_NAME + "_docker"
 

@@ -18,7 +18,7 @@ from ctrflow.serve.tritonserver import free_port
 
 from tests.fixtures.containers import docker_host, serve_image  # noqa: F401  (fixtures)
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.containers]  # make test-containers
 NAME = "ctr"
 
 

@@ -22,7 +22,7 @@ from tests.fixtures.containers import docker_host, train_image  # noqa: F401  (f
 from tests.fixtures.ranks import losses
 from tests.fixtures.training import write_processed
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.containers]  # make test-containers
 pytest.importorskip("kubeflow.trainer")
 STEPS = 12
 

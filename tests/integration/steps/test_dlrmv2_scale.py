@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "benchmarks" / "dlrmv2_scale.py"
 
 
