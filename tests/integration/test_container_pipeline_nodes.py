@@ -15,7 +15,7 @@ import pytest
 from tests.fixtures.containers import docker_host, train_image  # noqa: F401  (fixtures)
 from tests.fixtures.ranks import losses
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.containers]  # make test-containers
 pytest.importorskip("kubeflow.trainer")
 ARGUMENTS = {"synth_rows": 3000, "synth_days": 2, "seed": 3, "freq_threshold": 2, "batch_size": 64,
              "embedding_dim": 8, "max_steps": 24, "mlflow_tracking_uri": "none"}
