@@ -59,8 +59,8 @@ def test_export_registered_as_candidate(client, pipeline_run):
     assert float(version.tags["auc"]) == pytest.approx(pipeline_run["auc"])  # what `ctrflow promote` compares
     export_run = child_runs(client, pipeline_run)["export"].info.run_id
     assert version.run_id == export_run
-    artifact_path = version.source.rsplit("/artifacts/", 1)[1]  # the version points into the run's artifacts
-    assert artifact_path in {a.path for a in client.list_artifacts(export_run)}
+    model = client.get_logged_model(version.model_id)  # the version is a logged model the export run made
+    assert model.source_run_id == export_run
 
 
 def test_local_outputs_on_disk(pipeline_run):
