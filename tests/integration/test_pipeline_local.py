@@ -59,8 +59,9 @@ def test_export_registered_as_candidate(client, pipeline_run):
     assert float(version.tags["auc"]) == pytest.approx(pipeline_run["auc"])  # what `ctrflow promote` compares
     export_run = child_runs(client, pipeline_run)["export"].info.run_id
     assert version.run_id == export_run
-    model = client.get_logged_model(version.model_id)  # the version is a logged model the export run made
-    assert model.source_run_id == export_run
+    # the version's files are those of a logged model (`.../models/<model id>/artifacts`) the export run made
+    model_id = version.source.rsplit("/models/", 1)[1].split("/")[0]
+    assert client.get_logged_model(model_id).source_run_id == export_run
 
 
 def test_local_outputs_on_disk(pipeline_run):
