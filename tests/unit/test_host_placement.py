@@ -70,6 +70,8 @@ def test_row_shards_on_two_ranks_are_placed_per_rank_and_replicas_stay_on_the_de
 def test_a_budget_below_the_smallest_caches_is_refused_with_advice():
     with pytest.raises(UserError, match="rank 0 keeps t_small, t_big2, t_mid, t_big1 in host memory.*--embedding-mem"):
         _place(plan_sharding(TABLES, 1), 0.5)
+    with pytest.raises(UserError, match="--embedding-memory-gib must be positive .* got -3"):
+        _place(plan_sharding(TABLES, 1), -3)
 
 
 def test_placements_round_trip_through_plan_files_and_describe_shows_them():

@@ -43,6 +43,8 @@ def place_in_budget(plan: ShardingPlan, tables: list[TableConfig], tier: HostTie
                     memory_of: Callable[[TableConfig], int]) -> ShardingPlan:
     """`plan` with each shard placed on the device or on the host with a cache (the module doc's
     rule), every rank's device bytes within `tier.budget`."""
+    if tier.budget <= 0:
+        raise UserError(f"--embedding-memory-gib must be positive (GiB a process), got {tier.budget / 2**30:g}")
     by_name = {t.name: t for t in tables}
     placed: dict[tuple[str, int], Shard] = {}
     for rank in range(plan.world_size):
