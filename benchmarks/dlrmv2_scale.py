@@ -16,7 +16,8 @@ step itself (`DenseAverage`), the head is compiled, fp8 as `--precision fp8`, an
 CUDA graph; otherwise DDP, eager. Alone (no torchrun) the same command times the one-GPU step:
 `FusedEmbeddingCollection`, the same dense part and step.
 
-Rank 0 prints the plan to stderr and one JSON line: samples/s, step time, world size, plan, peak memory
+`--profile DIR`: every rank's per-kernel GPU times of 3 more steps and its timeline. Rank 0 prints the
+plan to stderr and one JSON line: samples/s, step time, world size, plan, peak memory
 per process, the global-batch loss of every step and (`--eval-batches`, eager steps) the AUC of held-out
 batches. `--small` (tables of at most 1000 rows, dim 16, global batch 256, fp32) draws the tables whole
 and then shards them, so N processes start from the tables of one and must train to its losses and AUC.
@@ -48,7 +49,7 @@ from ctrflow.train.optim import Optimizers
 sys.path.insert(0, str(Path(__file__).parent))
 from dlrmv2 import (ARCH, BATCH, HOTNESS, OPTIM, ROWS, dlrmv2_features, dlrmv2_tables, fast_tables,  # noqa: E402
                     make_batches)
-from sharded_parts import gather, memory_gib, time_steps  # noqa: E402
+from sharded_parts import gather, memory_gib, profile_kernels, time_steps  # noqa: E402
 from train_paths import SMALL_ARCH, fp8_plan  # noqa: E402
 from train_throughput import auc  # noqa: E402
 
@@ -71,6 +72,7 @@ def parse(argv=None) -> argparse.Namespace:
                    help="CUDA, static plan: the whole step one CUDA graph, the head compiled")
     p.add_argument("--eval-batches", type=int, default=0, help="held-out batches scored after training (eager)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--profile", default="", help="folder: every rank's per-kernel GPU times of 3 more steps")
     p.add_argument("--small", action="store_true", help="tables of at most 1000 rows, dim 16, batch 256: a CPU")
     args = p.parse_args(argv)
     args.rows = list(ROWS)
@@ -155,6 +157,8 @@ def train_and_time(args, runtime, model, optimizers, step, graph: bool) -> tuple
         return loss
 
     seconds = time_steps(run, args.warmup, args.steps, runtime.device.type == "cuda")
+    if args.profile and runtime.device.type == "cuda":
+        profile_kernels(args, runtime, run, f"dlrmv2-n{runtime.world_size}")
     mean = torch.stack(losses).double()
     if runtime.distributed:
         dist.all_reduce(mean)

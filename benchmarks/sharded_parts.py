@@ -86,9 +86,10 @@ def profile_ops(args: argparse.Namespace, runtime, run: RunStep) -> None:
                 sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=40, max_shapes_column_width=70))
 
 
-def profile_kernels(args: argparse.Namespace, runtime, run: RunStep) -> None:
-    """Three more steps under the profiler; rank 0 writes the per-kernel table, every rank its
-    timeline (`trace-rank{r}.json.gz`: which kernels wait for which, the slowest rank)."""
+def profile_kernels(args: argparse.Namespace, runtime, run: RunStep, name: str = "") -> None:
+    """Three more steps under the profiler; rank 0 writes the per-kernel table (`name`: every rank
+    its own, `{name}-rank{r}.txt`), every rank its timeline (`trace-rank{r}.json.gz`: which kernels
+    wait for which, the slowest rank)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         time_steps(run, 0, 3, True, first=args.warmup + args.steps)
     trace = f"{args.profile}/trace-rank{runtime.rank}.json"
@@ -96,8 +97,9 @@ def profile_kernels(args: argparse.Namespace, runtime, run: RunStep) -> None:
     with open(trace, "rb") as raw, gzip.open(trace + ".gz", "wb") as packed:
         packed.write(raw.read())
     os.remove(trace)
-    if runtime.is_main:
-        with open(f"{args.profile}/sharded-{args.embedding}-n{runtime.world_size}.txt", "w") as f:
+    if runtime.is_main or name:
+        path = f"{name}-rank{runtime.rank}" if name else f"sharded-{args.embedding}-n{runtime.world_size}"
+        with open(f"{args.profile}/{path}.txt", "w") as f:
             f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=45, max_name_column_width=70))
 
 

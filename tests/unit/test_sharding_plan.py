@@ -116,3 +116,18 @@ def test_fused_auto_plan_balances_lookups_counting_a_bags_ids():
     one_hot = plan_sharding([TableConfig("t_bag", feature="G", **same), *tables[1:]], 2, replicate_bytes=0,
                             large="table")
     assert [s.shards[0].rank for s in one_hot.tables.values()] == [0, 1, 0, 1]
+
+
+def test_fused_auto_plan_gives_the_longest_bag_a_rank_of_its_own():
+    """MLPerf DLRMv2's large tables on 2 ranks: the 100-id bag alone (100 ids a sample) against the other
+    seven (70), not the 63 / 107 that placing them in memory order gave: the busier rank sets the step."""
+    hot = {"C1": 3, "C10": 7, "C11": 3, "C12": 8, "C20": 12, "C21": 100, "C22": 27, "C23": 10}
+    rows = {"C11": 3_067_956, "C12": 405_282, "C23": 590_152}
+    tables = [TableConfig(f"t_{c}", rows.get(c, 40_000_000), 128, c, length=n, pooling="sum")
+              for c, n in hot.items()]
+    plan = plan_sharding(tables, 2, large="table")
+    ids = [0, 0]
+    for t in tables:
+        assert plan.tables[t.name].sharding == "table"
+        ids[plan.tables[t.name].shards[0].rank] += t.length
+    assert sorted(ids) == [70, 100]

@@ -15,7 +15,7 @@ D]); DLRMv2's 214 ids a sample in 26 tables come back as 26 vectors (and their g
   the requester adds them, dividing a mean by the bag's non-padding count, known from its own ids;
 - replicated: looked up and pooled locally.
 Backward runs the same way back: the owner spreads each bag's gradient over the bag's ids (divided
-by the count for a mean, zero for padding: `spread_bags` is the adjoint of `pool_bags`).
+by the count for a mean, zero for padding: the adjoint of `pool_bags`).
 
 Where padding travels it is looked up, as in the plain collection, and gets a zero gradient; where it
 is dropped (row-wise) its row is not touched. Both leave the row as it is under every optimizer: id 0
@@ -73,29 +73,6 @@ def _per_slot(tables: tuple[TableConfig, ...]) -> list[TableConfig]:
 def bag_counts(ids: torch.Tensor) -> torch.Tensor:
     """ids [b, L] of bags -> [b] the divisor of a mean: non-padding ids, at least 1 (an empty bag is 0s)."""
     return (ids != PADDING_ID).sum(dim=1).clamp_min(1)
-
-
-def pool_divisors(ids: torch.Tensor, tables: Sequence[TableConfig]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(present [b, S], divisor [b, T]) of `pool_bags`, fp32: 1 where a slot counts (a bag's
-    padding: 0), and the non-padding count of each mean bag (1 elsewhere)."""
-    present = torch.ones(ids.shape, dtype=torch.float32, device=ids.device)
-    div = torch.ones(ids.shape[0], len(tables), dtype=torch.float32, device=ids.device)
-    for k, (t, (a, b)) in enumerate(zip(tables, slot_columns(tables))):
-        if is_bag(t):
-            present[:, a:b] = (ids[:, a:b] != PADDING_ID).float()
-            if t.pooling == "mean":
-                div[:, k] = present[:, a:b].sum(dim=1).clamp_min(1)
-    return present, div
-
-
-def spread_bags(grad: torch.Tensor, ids: torch.Tensor, tables: Sequence[TableConfig],
-                slot_table: torch.Tensor) -> torch.Tensor:
-    """The adjoint of `pool_bags`: grad [b, T, D] of the pooled vectors -> [b, S, D] of the slot
-    vectors (a bag's gradient divided by its count for a mean, zero on padding; one-id slots as is).
-    `slot_table` [S] is each slot's table index (a device tensor)."""
-    present, div = pool_divisors(ids, tables)
-    scaled = grad.float() / div.unsqueeze(2)
-    return scaled.index_select(1, slot_table) * present.unsqueeze(2)
 
 
 @dataclass

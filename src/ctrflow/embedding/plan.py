@@ -188,7 +188,10 @@ def plan_sharding(
     fair_share = sum(memory_of(t) for t in tables) / world_size
     used, load = [0.0] * world_size, [0.0] * world_size
     placed: dict[str, TablePlan] = {}
-    for t in sorted(tables, key=lambda t: -memory_of(t)):  # largest first: greedy packing works best
+    # largest first: greedy packing works best; with whole large tables, most lookups first (the longest-
+    # job-first rule: the busiest rank, which the exchanges and the update wait for, is left least busy)
+    order = (lambda t: (-_lookup_load(t), -memory_of(t))) if large == "table" else (lambda t: -memory_of(t))
+    for t in sorted(tables, key=order):
         spec = (overrides or {}).get(t.name, sharding)
         if isinstance(spec, Mapping):
             placed[t.name] = _table_plan_from_spec(t, spec, world_size)

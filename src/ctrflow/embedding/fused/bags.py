@@ -52,16 +52,19 @@ def layout_tensors(tables: Sequence[TableConfig], offsets: Sequence[int]) -> dic
 
 
 def lookup_bags(ids: torch.Tensor, layout: BagLayout, weight: torch.Tensor, out_dtype: torch.dtype,
-                save_scales: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(pooled [B, T, D] in `out_dtype`, each slot's weight in its bag [B, S] fp32 if `save_scales`)."""
+                save_scales: bool = False, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(pooled [B, T, D] in `out_dtype`, written into `out` (contiguous) when given; each slot's weight
+    in its bag [B, S] fp32 if `save_scales`)."""
     batch, slots = ids.shape
     tables, dim = len(layout.tables), weight.shape[1]
     if not ops.uses_kernels(weight):
         values = weight[(ids + layout.slot_offsets).reshape(-1)].view(batch, slots, dim).float()
-        out = pool_bags(values, ids, layout.tables).to(out_dtype)
+        pooled = pool_bags(values, ids, layout.tables).to(out_dtype)
+        out = pooled if out is None else out.copy_(pooled)
         return out, (slot_scales(ids, layout.tables) if save_scales else None)
     ids = ids.contiguous()
-    out = torch.empty(batch, tables, dim, dtype=out_dtype, device=weight.device)
+    if out is None:
+        out = torch.empty(batch, tables, dim, dtype=out_dtype, device=weight.device)
     scales = torch.empty(batch, slots, dtype=torch.float32, device=weight.device) if save_scales else None
     if batch == 0 or tables == 0:
         return out, scales
@@ -76,8 +79,9 @@ def lookup_bags(ids: torch.Tensor, layout: BagLayout, weight: torch.Tensor, out_
 
 def update_bags(ids: torch.Tensor, layout: BagLayout, grad: torch.Tensor, scales: torch.Tensor,
                 weight: torch.Tensor, state: ops.RowState, scratch: dict, pre_reduce: bool = True,
-                grad_scale: float = 1.0) -> None:
+                grad_scale: float = 1.0, presorted: tuple | None = None) -> None:
     """One optimizer step on the rows ids [B, S] touched, given the pooled output's grad [B, T, D] and
-    `scales` [B, S] from `lookup_bags` (as `ops.update_rows` does for one-id lookups)."""
+    `scales` [B, S] from `lookup_bags` (as `ops.update_rows` does for one-id lookups; `presorted`:
+    `ops.sort_rows` of ids + slot offsets, done earlier)."""
     ops.update_rows(ids, layout.slot_offsets, grad, weight, state, scratch, pre_reduce, grad_scale,
-                    bags=(layout.slot_table, scales))
+                    presorted=presorted, bags=(layout.slot_table, scales))

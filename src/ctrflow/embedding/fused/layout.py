@@ -58,3 +58,10 @@ class Layout:
     def static(self) -> bool:
         """Whether split sizes follow from the batch size alone (no row-wise shards)."""
         return not self.row_feats
+
+    @property
+    def owner_bags(self) -> bool:
+        """Whether this rank pools what it receives with the fused bag kernels: a static plan (every
+        source sends [b, columns] of this rank's whole tables, together a batch of world * b samples
+        for them) with a bag among those tables."""
+        return self.static and self.pools

@@ -21,11 +21,12 @@ from ctrflow.embedding.fused.collection import FusedEmbeddingCollection
 
 def replicated_grad(ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor, num_rows: int,
                     scratch: dict, counts: bool = True, out: torch.Tensor | None = None,
-                    presorted: tuple | None = None) -> torch.Tensor:
+                    presorted: tuple | None = None, bags: tuple | None = None) -> torch.Tensor:
     """[num_rows * (D + 1)] fp32: grad [b, n, D] of ids [b, n] (rows ids + offsets of the replica
     buffer) summed per row ([num_rows, D] first), then the number of lookups of each row (left
     zero without `counts`: SGD on fp32 replicas needs no mask, see `needs_counts`); added to `out`
-    when given (a step's micro-batches share one buffer); `presorted`: `ops.sort_rows` of ids + offsets.
+    when given (a step's micro-batches share one buffer); `presorted`: `ops.sort_rows` of ids + offsets;
+    `bags`: ids are bags' slots and grad the pooled vectors' [b, T, D] (`ops.update_rows`'s `bags`).
 
     The sums use the fused kernels (sorted, pre-reduced per block: tiny tables' rows are hit by
     most of the batch, and an atomic add per lookup would serialize) as an SGD step of rate -1 on a
@@ -38,7 +39,7 @@ def replicated_grad(ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor
         one = torch.zeros(1, device=grad.device)
         scratch["add"] = ops.RowState("sgd", torch.tensor([-1.0, 0.0], device=grad.device), one, one)
     if ids.numel():
-        ops.update_rows(ids, offsets, grad, sums, scratch["add"], scratch, presorted=presorted)
+        ops.update_rows(ids, offsets, grad, sums, scratch["add"], scratch, presorted=presorted, bags=bags)
     if ids.numel() and counts:
         # index_add reads nothing back (bincount does: its size), so the step can be captured; histc
         # is no substitute: its float bin arithmetic misplaces ids beyond ~2^24 / bins

@@ -37,7 +37,8 @@ class Route:
     without bags); `row_orders[f]` the sample order of one-hot row-wise table f's pieces,
     `row_counts[d]` / `row_bags[d]` the ids / vectors of the pieces sent to d, `bag_samples[f]` the
     sample of each partial sum of row-split bag f (shard by shard); `pool`: how this rank pools
-    what it received (None: one vector per id)."""
+    what it received (None: one vector per id, or `layout.owner_bags`); `ids`: the received ids
+    before local offsets (what the bag kernels read with `layout.owner_bags`)."""
 
     batch: int
     rows: torch.Tensor
@@ -50,6 +51,7 @@ class Route:
     row_bags: list[list[int]]
     bag_samples: dict[int, torch.Tensor] = field(default_factory=dict)
     pool: OwnerPool | None = None
+    ids: torch.Tensor | None = None
 
 
 def empty_route(b: int, ids: torch.Tensor, world: int) -> Route:
@@ -80,10 +82,11 @@ def route(ids: torch.Tensor, layout: Layout, local_offsets: torch.Tensor | None,
     back_in = [b * len(layout.tab[d]) + sum(row_bags[d]) for d in range(world)]
     back_out = [b * len(layout.tab[layout.rank]) + sum(n) for n in recv_bags]
     samples = {f: g.samples for f, g in bag_items.items()}
-    r = Route(b, got, send, recv, orders, row_counts, back_in, back_out, row_bags, samples)
+    r = Route(b, got, send, recv, orders, row_counts, back_in, back_out, row_bags, samples, ids=got)
     if local_offsets is None:  # this rank holds no shard: nothing arrives
         return r
-    r.pool = owner_pool(got, b, layout, recv_counts, recv_bags, ranks, cache) if layout.pools else None
+    pools = layout.pools and not layout.owner_bags
+    r.pool = owner_pool(got, b, layout, recv_counts, recv_bags, ranks, cache) if pools else None
     r.rows = got + _item_offsets(b, layout, local_offsets, recv_counts, cache)
     return r
 
@@ -112,13 +115,17 @@ def finish_route(r: Route, work, layout: Layout, local_offsets: torch.Tensor | N
     if local_offsets is None:  # this rank holds no shard: nothing arrives
         return r
     nothing = [[] for _ in range(layout.world)]
-    pool = None
-    if layout.pools:  # into buffers kept from step to step, like `out`: a captured step reads them there
+    pool = ids = None
+    # into buffers kept from step to step, like `out`: a captured step reads them there
+    if layout.owner_bags:
+        key = ("ahead ids", r.rows.numel())
+        ids = cache[key] = cache[key].copy_(r.rows) if key in cache else r.rows.clone()
+    elif layout.pools:
         key = ("ahead pool", r.rows.numel())
         pool = cache[key] = owner_pool(r.rows, r.batch, layout, nothing, nothing, None, cache, cache.get(key))
     torch.add(r.rows, _item_offsets(r.batch, layout, local_offsets, nothing, cache), out=out)
     return Route(r.batch, out, r.send, r.recv, r.row_orders, r.row_counts, r.back_in, r.back_out, r.row_bags,
-                 r.bag_samples, pool)
+                 r.bag_samples, pool, ids)
 
 
 def _sort_row_features(ids: torch.Tensor, layout: Layout, cache: dict) -> tuple:

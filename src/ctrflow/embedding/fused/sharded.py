@@ -32,14 +32,13 @@ from torch import nn
 from ctrflow.embedding.bags import check_slot_ids, one_id_tables
 from ctrflow.embedding.collection import copy_table_rows
 from ctrflow.embedding.comm import exchange_async, group_size
-from ctrflow.embedding.fused import ops
+from ctrflow.embedding.fused import bags, ops
 from ctrflow.embedding.fused.collection import FusedEmbeddingCollection
 from ctrflow.embedding.fused.placement import add_row_bags, place_index
 from ctrflow.embedding.fused.routing import Layout, Route, empty_route, route, start_route
 from ctrflow.embedding.fused.sharded_state import WholeTables
 from ctrflow.embedding.fused.sharded_update import DeferredUpdate
 from ctrflow.embedding.plan import ShardingPlan
-from ctrflow.embedding.pooling import pool_bags
 from ctrflow.embedding.tables import TableConfig
 
 
@@ -93,14 +92,12 @@ class FusedShardedEmbeddingCollection(DeferredUpdate, WholeTables, nn.Module):
                                  persistent=False)
         self.register_buffer("rep_index", torch.tensor(lay.rep_cols, dtype=torch.int64, device=device),
                              persistent=False)
-        # each replicated id column's table (and that table's first row in the replica buffer)
-        slot_table = [k for k, f in enumerate(lay.rep) for _ in range(self.tables[f].length)]
-        self.register_buffer("rep_slot_table", torch.tensor(slot_table, dtype=torch.int64, device=device),
-                             persistent=False)
-        self.register_buffer("rep_slot_offsets", self.replica.offsets[self.rep_slot_table].clone()
-                             if self.replica is not None else torch.zeros(0, dtype=torch.int64, device=device),
-                             persistent=False)
         self.register_buffer("zero_offset", torch.zeros(1, dtype=torch.int64, device=device), persistent=False)
+        # the bag kernels' view of this rank's whole tables and of the replicas: the bags they are
+        if lay.owner_bags:
+            self._register_bags("owner", lay.tab[self.rank], self.local.offsets[:len(lay.tab[self.rank])], device)
+        if lay.rep_bags:
+            self._register_bags("rep", lay.rep, self.replica.offsets, device)
         self.model_parallel = any(lay.tab) or bool(lay.row_feats)
         self.pending: list[dict] = []  # steps whose backward exchanges started, update not applied
         self.ready: list[dict] = []  # prefetched chunks whose forward has not run
@@ -178,10 +175,11 @@ class FusedShardedEmbeddingCollection(DeferredUpdate, WholeTables, nn.Module):
             back.append(back[-1] + sum(r.back_out))
         rows = routes[0].rows if len(routes) == 1 else torch.cat([r.rows for r in routes])
         step = {"rows": rows, "bounds": bounds, "back": back, "pools": [r.pool for r in routes],
-                "chunks": len(chunks), "arrived": 0, "works": [], "grad": None,
+                "chunks": len(chunks), "arrived": 0, "works": [], "grad": None, "bag_ids": [], "scales": [],
                 "rep_acc": None, "rep_work": None, "sorted": None, "rep_sorted": [None] * len(chunks),
+                "rep_scales": [None] * len(chunks),
                 "rep_ids": [None] * len(chunks)}
-        if self.local is not None and rows.numel():  # one gather for every chunk's received ids
+        if self.local is not None and rows.numel() and not lay.owner_bags:  # one gather for every chunk's ids
             dtype = torch.float32 if lay.pools else self.output_dtype  # bags are summed from fp32 rows
             emb = ops.lookup(rows.view(-1, 1), self.zero_offset, self.local.weight, dtype).view(-1, dim)
         else:
@@ -212,12 +210,41 @@ class FusedShardedEmbeddingCollection(DeferredUpdate, WholeTables, nn.Module):
         src = torch.empty(n_back + b * len(self.layout.rep), dim, dtype=self.output_dtype, device=ids.device)
         work = None
         if self.model_parallel:
-            lo, hi = step["bounds"][c], step["bounds"][c + 1]
-            piece = emb[lo:hi] if emb is not None else src.new_empty(0, dim)
+            if self.layout.owner_bags and self.local is not None:
+                piece = self._pool_owned(r, step)
+            else:
+                lo, hi = step["bounds"][c], step["bounds"][c + 1]
+                piece = emb[lo:hi] if emb is not None else src.new_empty(0, dim)
             if r.pool is not None:
                 piece = r.pool.pool(piece).to(self.output_dtype)
             _, work = exchange_async(piece, r.back_in, r.back_out, self.group, out=src[:n_back])
         return {"ids": ids, "route": r, "src": src, "work": work, "n_back": n_back, "step": step, "chunk": c}
+
+    def _pool_owned(self, r: Route, step: dict) -> torch.Tensor:
+        """`layout.owner_bags`: the vectors to send back [world * b * tables, D], pooled by the bag
+        kernel from the received ids read as a batch [world * b, columns] of this rank's tables (each
+        source's [b, columns] in turn: the order the vectors go back); the ids and their weights in
+        their bags are kept for the update."""
+        ids = r.ids.view(-1, len(self.layout.tab_cols[self.rank]))
+        # scales always: a lookup not prefetched runs inside autograd's forward, where grad mode is off
+        out, scales = bags.lookup_bags(ids, self.bag_layout("owner"), self.local.weight, self.output_dtype,
+                                       save_scales=True)
+        step["bag_ids"].append(ids)
+        step["scales"].append(scales)
+        return out.view(-1, self.embedding_dim)
+
+    def _register_bags(self, prefix: str, feats: list[int], offsets: torch.Tensor, device) -> None:
+        """Buffers of the `bags.BagLayout` of tables `feats` starting at buffer rows `offsets`."""
+        for name, tensor in bags.layout_tensors([self.tables[f] for f in feats], offsets.tolist()).items():
+            self.register_buffer(f"{prefix}_bag_{name}", tensor.to(device), persistent=False)
+
+    def bag_layout(self, prefix: str) -> bags.BagLayout:
+        """Where this rank's whole tables ("owner": `layout.owner_bags`) or the replicas ("rep") lie in
+        their buffer, as bags."""
+        feats = self.layout.tab[self.rank] if prefix == "owner" else self.layout.rep
+        return bags.BagLayout(tuple(self.tables[f] for f in feats),
+                              *(getattr(self, f"{prefix}_bag_{k}") for k in ("slot_offsets", "slot_table", "table_start",
+                                                                            "table_length", "table_mode", "table_offset")))
 
     def lookup(self, ids: torch.Tensor) -> tuple[torch.Tensor, tuple]:
         """The forward of one (micro-)batch; returns the output and what backward needs.
@@ -230,8 +257,9 @@ class FusedShardedEmbeddingCollection(DeferredUpdate, WholeTables, nn.Module):
         entry = self.ready.pop(0)
         b, c = ids.shape[0], entry["chunk"]
         if self.replica is not None and b:  # while the exchange still travels
-            self._lookup_replicas(entry["step"]["rep_ids"][c],
-                                  entry["src"][entry["n_back"]:].view(b, len(self.layout.rep), self.embedding_dim))
+            entry["step"]["rep_scales"][c] = self._lookup_replicas(
+                entry["step"]["rep_ids"][c], entry["src"][entry["n_back"]:].view(b, len(self.layout.rep),
+                                                                                  self.embedding_dim))
         if entry["work"] is not None:
             entry["work"].wait()
         r = entry["route"]
@@ -244,18 +272,19 @@ class FusedShardedEmbeddingCollection(DeferredUpdate, WholeTables, nn.Module):
                 add_row_bags(out, entry["src"], self.layout, r, ids)
         return out, (ids, r, entry["step"], entry["chunk"])
 
-    def _lookup_replicas(self, rep_ids: torch.Tensor, out: torch.Tensor) -> None:
-        """The replicated tables' vectors of ids [b, columns] into `out` [b, n_rep, D] (bags pooled)."""
+    def _lookup_replicas(self, rep_ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor | None:
+        """The replicated tables' vectors of ids [b, columns] into `out` [b, n_rep, D]; with bags (pooled
+        by the bag kernel) returns each id's weight in its bag [b, columns] for the update."""
         rep = self.replica
         if not self.layout.rep_bags:
             ops.lookup(rep_ids, rep.offsets, rep.weight, self.output_dtype, out=out)
-            return
-        values = ops.lookup(rep_ids, self.rep_slot_offsets, rep.weight, torch.float32)
-        out.copy_(pool_bags(values, rep_ids, [self.tables[f] for f in self.layout.rep]))
+            return None
+        return bags.lookup_bags(rep_ids, self.bag_layout("rep"), rep.weight, self.output_dtype, save_scales=True,
+                                out=out)[1]
 
     def rep_offsets(self) -> torch.Tensor:
         """Each replicated id column's first row in the replica buffer (one per table without bags)."""
-        return self.rep_slot_offsets if self.layout.rep_bags else self.replica.offsets
+        return self.rep_bag_slot_offsets if self.layout.rep_bags else self.replica.offsets
 
     def exchange_rows(self) -> torch.Tensor | None:
         """[3, F] int64: feature f of sample b of a (micro-)batch of b_n samples sits at row

@@ -15,9 +15,8 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-from ctrflow.embedding.bags import spread_bags
 from ctrflow.embedding.comm import exchange_async
-from ctrflow.embedding.fused import ops
+from ctrflow.embedding.fused import bags, ops
 from ctrflow.embedding.fused.placement import pack_index, scale_row_means
 from ctrflow.embedding.fused.replicas import apply_replicated, needs_counts, replicated_grad
 from ctrflow.embedding.fused.routing import finish_route
@@ -28,7 +27,7 @@ class DeferredUpdate:
     """Mixin of the fused sharded collection (attributes `layout`, `tables`, `embedding_dim`, `group`,
     `world_size`, `local`, `replica`, `cache`, `pending`, `ahead`, `next_route`, `raw_output`,
     `update_in_backward`, `overlap`, `beside`, `model_parallel`, `output_dtype`, buffers `rep_index`,
-    `rep_slot_table`, `zero_offset`, and methods `local_device`, `rep_offsets`)."""
+    `rep_bag_slot_table`, `zero_offset`, and methods `local_device`, `rep_offsets`)."""
 
     def _side(self) -> torch.cuda.Stream | None:
         """The stream of the tables' own work beside the dense layers' (`beside`: several CUDA ranks
@@ -77,13 +76,12 @@ class DeferredUpdate:
         if self.replica is not None:
             rep = self.replica
             rep_ids = step["rep_ids"][c]
-            with self._beside(packed, rep_ids):  # beside the bottom MLP's backward
-                rep_grad = packed[n_send:].view(b, len(lay.rep), dim)
-                if lay.rep_bags:  # each bag's gradient over its ids
-                    rep_grad = spread_bags(rep_grad, rep_ids, [self.tables[f] for f in lay.rep], self.rep_slot_table)
-                step["rep_acc"] = replicated_grad(rep_ids, self.rep_offsets(), rep_grad,
+            scales = step["rep_scales"][c]  # bags: each id reads its bag's gradient times its weight there
+            with self._beside(packed, rep_ids, *([scales] if scales is not None else [])):  # beside the bottom MLP
+                step["rep_acc"] = replicated_grad(rep_ids, self.rep_offsets(), packed[n_send:].view(b, len(lay.rep), dim),
                                                   rep.weight.shape[0], self.cache, counts=needs_counts(rep),
-                                                  out=step["rep_acc"], presorted=step["rep_sorted"][c])
+                                                  out=step["rep_acc"], presorted=step["rep_sorted"][c],
+                                                  bags=(self.rep_bag_slot_table, scales) if scales is not None else None)
                 if last and self.world_size > 1:
                     # on the default group's communicator: beside the all-to-all, not behind it
                     whole = self.world_size == dist.get_world_size()
@@ -117,7 +115,8 @@ class DeferredUpdate:
             # after the whole backward: the update started as soon as its exchange landed, beside the
             # bottom MLP's backward, was measured slower on 4 H200s (benchmarks/NOTES.md)
             pools = [t for p in step["pools"] if p is not None for t in (p.index, p.div)]
-            with self._beside(*([step["rows"], step["grad"], *pools] if step["grad"] is not None else [])):
+            read = [step["rows"], step["grad"], *pools, *step["bag_ids"], *step["scales"]]
+            with self._beside(*(read if step["grad"] is not None else [])):
                 self._apply_update(step)
         self._join_side()
         if self.ahead is not None:  # after the update: its rows buffer is the one written here
@@ -137,7 +136,13 @@ class DeferredUpdate:
             if work is not None:  # None: one process
                 work.wait()
         local = self.local
-        if self.model_parallel and step["rows"].numel():
+        if self.model_parallel and step["rows"].numel() and step["scales"]:  # `layout.owner_bags`
+            ids = step["bag_ids"][0] if step["chunks"] == 1 else torch.cat(step["bag_ids"])
+            scales = step["scales"][0] if step["chunks"] == 1 else torch.cat(step["scales"])
+            grad = step["grad"].view(ids.shape[0], len(self.layout.tab[self.rank]), self.embedding_dim)
+            bags.update_bags(ids, self.bag_layout("owner"), grad, scales, local.weight, local.row_state, local.scratch,
+                             local.pre_reduce, grad_scale=1.0 / self.world_size, presorted=step["sorted"])
+        elif self.model_parallel and step["rows"].numel():
             ops.update_rows(step["rows"].view(-1, 1), self.zero_offset,
                             self._id_grads(step).view(-1, 1, self.embedding_dim), local.weight, local.row_state,
                             local.scratch, local.pre_reduce, grad_scale=1.0 / self.world_size,
