@@ -113,10 +113,10 @@ class SlotCache:
         hist = torch.histc(age.double(), bins=AGES, min=0, max=AGES)
         hist[0] = 0
         older = hist.flip(0).cumsum(0).flip(0)  # [AGES] slots in bucket b or older
-        last = (older >= count).sum() - 1  # the youngest bucket to take from
-        beyond = torch.cat([older[1:], older.new_zeros(1)])
+        last = (older >= count).sum().view(1) - 1  # the youngest bucket to take from
+        beyond = torch.cat([older[1:], older.new_zeros(1)]).index_select(0, last)  # (a 0-d index would sync)
         at_last = age == last
-        take = (age > last) | (at_last & (torch.cumsum(at_last, 0) <= count - beyond[last]))
+        take = (age > last) | (at_last & (torch.cumsum(at_last, 0) <= count - beyond))
         take &= age > 0
         return _pack(take, torch.arange(c, device=age.device), n, c)[0]
 

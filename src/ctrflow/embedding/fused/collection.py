@@ -321,4 +321,4 @@ def _draw_host(t: TableConfig, seed: int, index: int, store: torch.Tensor, devic
         rows = torch.empty(b - a, t.embedding_dim, device=device).uniform_(-bound, bound, generator=gen)
         rows.mul_(t.init_scale)
         zero_padding_row(t, rows, a)
-        store[a:b] = rows.to(store.dtype).cpu()
+        store[a:b].copy_(rows.to(store.dtype))
