@@ -191,7 +191,8 @@ def main(argv: list[str] | None = None) -> dict:
     whole = time_side(tables, args, device, None) if args.shape == "dlrmv2" or args.small else None
     record = {"benchmark": "host_tier", "path": args.path, "shape": args.shape,
               "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "batch": args.batch, "dim": args.dim, "tables": len(tables), "ids_per_sample": sum(t.length for t in tables),
+              "batch": args.batch, "dim": args.dim, "tables": len(tables),
+              "ids_per_sample": sum(t.length for t in tables),
               "table_gib": total / GIB, "budget_gib": budget / GIB, "optimizer": "adagrad (row-wise)",
               "device_samples_per_s": whole["samples_per_s"] if whole else None,
               "cached_samples_per_s": cached["samples_per_s"],

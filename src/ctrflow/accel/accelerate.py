@@ -11,8 +11,9 @@ model from `build_model` (its tables deferred: drawn where they land), always in
 3. tables and interaction: one process, fused: `embeddings` becomes a `FusedEmbeddingCollection` drawn on
    the device; N processes, fused: the tables fuse as they are sharded (4.); both: a dot interaction
    becomes the fused one (`ctrflow.accel.fused`); one process: the tables the plan keeps in host memory
-   get their host store and device cache (fused: slots of the fused buffer) (`ctrflow.accel.parallelize.apply_host_placement`; N
-   processes: as they are sharded); collections left plain are drawn;
+   get their host store and device cache (fused: slots of its buffer; plain:
+   `ctrflow.accel.parallelize.apply_host_placement`; N processes: as they are sharded); collections left
+   plain are drawn;
 4. parallelize: N processes shard the tables by the plan (fused or plain sharded collections), the model
    moves to the device, DDP wraps the dense part where `dense_sync` is "ddp" (`ctrflow.accel.parallelize`);
 5. exchange layout: the fused dot interaction reads the sharded exchange's buffers in place

@@ -94,8 +94,8 @@ def fused_collections(model: RankingModel) -> dict[str, nn.Module]:
     return {path: coll for path, coll in parts.items() if isinstance(coll, FUSED_COLLECTIONS)}
 
 
-def apply_fused(model: RankingModel, cfg: OptimConfig, device: torch.device,
-                output_dtype: torch.dtype | None, host: dict[str, int] | None = None) -> dict[str, FusedEmbeddingCollection]:
+def apply_fused(model: RankingModel, cfg: OptimConfig, device: torch.device, output_dtype: torch.dtype | None,
+                host: dict[str, int] | None = None) -> dict[str, FusedEmbeddingCollection]:
     """Swap, in place, the model's plain collections (`embeddings`, `linear_embeddings`) of dim >=
     `FUSED_MIN_DIM` for fused ones on `device` (same tables, one-id and multi-hot alike, same weights; a
     collection without tables stays as it is; the tables in `host` {table: cache rows} in host memory)

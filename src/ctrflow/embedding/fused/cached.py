@@ -17,6 +17,7 @@ from collections import deque
 
 import torch
 
+from ctrflow.embedding.cache import take_queued
 from ctrflow.embedding.fused.cache import SlotCache
 
 
@@ -51,15 +52,7 @@ class CachedTables:
         if not self.queued:
             self.settle()
             return self._translate(ids, parts, train)
-        shape, out, ready = self.queued.popleft()
-        if shape != ids.shape:
-            raise RuntimeError(f"host tables: looked up ids of shape {list(ids.shape)}, but the next prefetched "
-                               f"batch had {list(shape)} (prefetch each batch once, in the order of the lookups)")
-        if ready is not None:
-            main = torch.cuda.current_stream(ids.device)
-            main.wait_event(ready)
-            out.record_stream(main)
-        return out
+        return take_queued(self.queued, ids)
 
     def _translate(self, ids: torch.Tensor, parts: list[torch.Tensor], train: bool) -> torch.Tensor:
         out = ids.clone()

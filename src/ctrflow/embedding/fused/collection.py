@@ -136,8 +136,8 @@ class FusedEmbeddingCollection(nn.Module):
     def _parts(self) -> list[torch.Tensor]:
         """The buffer's tensors with a row axis: the weights, then the optimizer state of each row."""
         st = self.row_state
-        return [self.weight] + [s for s, used in ((st.state1, st.optimizer != "sgd"), (st.state2, st.optimizer == "adam"))
-                                if used]
+        rows_of = {"sgd": [], "rowwise_adagrad": [st.state1], "adam": [st.state1, st.state2]}
+        return [self.weight, *rows_of[st.optimizer]]
 
     @classmethod
     def from_collection(cls, plain: EmbeddingCollection, **options) -> "FusedEmbeddingCollection":
