@@ -1,50 +1,70 @@
 """Tables larger than the GPU: all tables on the GPU against the tables beyond a memory budget in host
-memory with a GPU cache of hot rows (`ctrflow.embedding.placement`, `ctrflow.embedding.cache`).
+memory with a GPU cache of hot rows (`ctrflow.embedding.placement`; the fused path's
+`ctrflow.embedding.fused.cached`, or the plain path's `ctrflow.embedding.cache`).
 
-    PYTHONPATH=src python3 benchmarks/host_tier.py                      # MLPerf DLRMv2 shape, 32 GiB budget
-    PYTHONPATH=src python3 benchmarks/host_tier.py --row-cap 4000000 --budget-gib 4
-    PYTHONPATH=src python3 benchmarks/host_tier.py --small              # tiny, on the CPU: seconds
+    PYTHONPATH=src python3 benchmarks/host_tier.py                         # DLRMv2 shape, 32 GiB budget
+    PYTHONPATH=src python3 benchmarks/host_tier.py --shape onehot-dim256   # 179 GiB of tables: cached only
+    PYTHONPATH=src python3 benchmarks/host_tier.py --path plain            # the plain collection
+    PYTHONPATH=src python3 benchmarks/host_tier.py --small                 # tiny, on the CPU: seconds
 
-The shape of MLPerf DLRMv2 (`embedding_bag.py`: 26 tables of its sizes, capped at `--row-cap`, bags of
-its hotness, 214 ids a sample, sum pooling, dim 128, fp32), ids Zipf-skewed (log-uniform over each
-table's rows: a few rows take most lookups). Both sides run the same code, one training step of the
-plain collection (`EmbeddingCollection`) under a fixed linear readout and BCE loss, row-wise Adagrad
-on the tables (`SparseOptimizer`): `device` keeps every table on the GPU; `cached` places the tables
-within `--budget-gib` of GPU memory (weights and Adagrad state; `place_in_budget`), the others in
-host memory (pinned) with GPU caches filling the rest of the budget, the next batch's rows prefetched
-while the current step runs. A batch of ids is drawn per step from `--batches` distinct batches in
-turn. Each side is built alone (the other freed first); samples/s from the median step time of
-`--iters` steps after `--warmup`. `--small` runs both on the CPU in seconds with a budget of 30 % of
-the tables' bytes. Prints one JSON line: both sides' samples/s and their ratio, the cache's hit rate
-(distinct rows per batch found cached), host memory of the host tables, peak GPU memory, GPU, batch.
-Imports only torch and ctrflow.
+Shapes: `dlrmv2` is MLPerf DLRMv2's (26 tables of its sizes, capped at `--row-cap`, bags of its hotness,
+214 ids a sample, sum pooling, dim 128); `onehot-dim256` is the one-hot MLPerf DLRM's (26 tables of
+`sharded_parts.MLPERF_TABLES`, one id each, dim 256: more than one H200 holds, so only the cached side
+runs). Ids are Zipf-skewed as `benchmarks/dlrmv2.py` draws them (log-uniform over each table's rows),
+a fresh batch every step, drawn one step ahead. Row-wise Adagrad, fp32 tables. The fused path (default):
+one `FusedEmbeddingCollection` (bf16 output, the optimizer in backward), the next batch prefetched
+just before each step as `ctrflow train` does; the plain path: `EmbeddingCollection` with
+`SparseOptimizer`, the next batch prefetched after the forward. One step is the tables' lookup and
+update under a fixed linear readout and BCE loss (no dense layers). `device` keeps every table on the
+GPU; `cached` keeps the tables within `--budget-gib` of GPU memory (weights and Adagrad state;
+`place_in_budget`) and the others in pinned host memory with caches filling the rest of the budget.
+Each side is built alone (the other freed first); samples/s from the median step of `--iters` steps
+after `--warmup` (the cache's hit rate counted after the warmup). `--small` runs on the CPU in seconds
+with a budget of 30 % of the tables' bytes. Prints one JSON line. Imports only torch and ctrflow.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
 import torch
 
 from ctrflow.embedding.collection import EmbeddingCollection, deferred_tables
+from ctrflow.embedding.fused import FusedEmbeddingCollection
 from ctrflow.embedding.optimizers import SparseOptimizer, state_bytes
 from ctrflow.embedding.placement import HostTier, place_in_budget
 from ctrflow.embedding.plan import plan_sharding
 from ctrflow.embedding.tables import TableConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
-from embedding_bag import HOTNESS, MLPERF_ROWS, draw_ids, median_ms, release  # noqa: E402
+from embedding_bag import HOTNESS, MLPERF_ROWS, median_ms, release  # noqa: E402
+from sharded_parts import MLPERF_TABLES  # noqa: E402
 
 GIB = 2**30
 
 
-def dlrmv2_tables(args) -> list[TableConfig]:
-    """MLPerf DLRMv2's 26 tables (rows capped at `--row-cap`), multi-hot bags of its hotness, sum pooling."""
-    return [TableConfig(f"t_{i}", min(rows, args.row_cap) if args.row_cap else rows, args.dim, f"C{i + 1}",
-                        length=hot, pooling="sum") for i, (rows, hot) in enumerate(zip(MLPERF_ROWS, HOTNESS))]
+def shape_tables(args) -> list[TableConfig]:
+    """The 26 tables of `--shape` (rows capped at `--row-cap`)."""
+    cap = (lambda n: min(n, args.row_cap)) if args.row_cap else (lambda n: n)
+    if args.shape == "onehot-dim256":
+        return [TableConfig(f"t_{i}", cap(rows), args.dim, f"C{i + 1}") for i, rows in enumerate(MLPERF_TABLES)]
+    return [TableConfig(f"t_{i}", cap(rows), args.dim, f"C{i + 1}", length=hot, pooling="sum")
+            for i, (rows, hot) in enumerate(zip(MLPERF_ROWS, HOTNESS))]
+
+
+def draw_ids(tables: list[TableConfig], batch: int, device: torch.device, seed: int) -> torch.Tensor:
+    """[B, S] Zipf-skewed ids (`embedding_bag.draw_ids`' rule for any tables: log-uniform, ids >= 1)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    columns = []
+    for t in tables:
+        u = torch.rand(batch, t.length, generator=gen, device=device, dtype=torch.float64)
+        ids = torch.exp(u * math.log(float(t.num_embeddings))).long()
+        columns.append(ids.clamp(1, max(t.num_embeddings - 1, 1)))
+    return torch.cat(columns, dim=1)
 
 
 def adagrad_bytes(t: TableConfig) -> int:
@@ -52,87 +72,135 @@ def adagrad_bytes(t: TableConfig) -> int:
     return state_bytes(t, "adagrad")
 
 
-def build(tables: list[TableConfig], args, device: torch.device, budget: int | None):
-    """(collection, host tables, cache rows): every table on `device`, or with `budget` those the
-    placement puts in host memory there with their caches."""
-    plan = plan_sharding(tables, 1)
-    if budget is not None:
-        plan = place_in_budget(plan, tables, HostTier(budget, args.batch), adagrad_bytes)
-    with deferred_tables():
-        coll = EmbeddingCollection(tables, seed=args.seed)
-    host = dict(plan.on_host())
-    for name, shard in host.items():
-        coll.place_on_host(name, shard.cache_rows, device)
-    coll.materialize(device)  # one table at a time in host memory (MLPerf's are 20 GB each)
-    return coll, len(host), sum(s.cache_rows for s in host.values())
+def host_rows(tables: list[TableConfig], args, budget: int | None) -> dict[str, int]:
+    """{table: cache rows} of the tables the placement keeps in host memory within `budget` (None: none)."""
+    if budget is None:
+        return {}
+    plan = place_in_budget(plan_sharding(tables, 1), tables, HostTier(budget, args.batch), adagrad_bytes)
+    return {name: s.cache_rows for name, s in plan.on_host()}
 
 
-def time_side(tables, batches: list[torch.Tensor], args, device: torch.device, budget: int | None) -> dict:
+def build(tables, args, device: torch.device, host: dict[str, int]):
+    """(collection, step updating its tables given ids and the next step's ids, its host tensors)."""
+    readout = torch.randn(len(tables), args.dim, device=device) / args.dim
+    labels = torch.rand(args.batch, device=device).round()
+
+    def loss_of(out):
+        return torch.nn.functional.binary_cross_entropy_with_logits((out.float() * readout).sum((1, 2)), labels)
+
+    if args.path == "plain":
+        with deferred_tables():
+            coll = EmbeddingCollection(tables, seed=args.seed)
+        for name, rows in host.items():
+            coll.place_on_host(name, rows, device)
+        coll.materialize(device)  # one table at a time in host memory
+        opt = SparseOptimizer(coll, "adagrad", lr=args.lr)
+
+        def step(ids, following):
+            out = coll(ids)
+            if coll.caches:  # the next batch's rows move while this step runs
+                coll.prefetch(following)
+            opt.zero_grad()
+            loss_of(out).backward()
+            opt.step()
+
+        return coll, step, [t for c in coll.caches.values() for t in (c.store, *c.host_state.values())]
+    bf16 = torch.bfloat16 if device.type == "cuda" else torch.float32
+    coll = FusedEmbeddingCollection(tables, seed=args.seed, optimizer="rowwise_adagrad", lr=args.lr,
+                                    output_dtype=bf16, device=device, check_ids=False, host=host)
+
+    def step(ids, following):
+        if coll.host is not None:  # as `ctrflow train`: this batch queued, the next one placed beside the step
+            if not coll.host.queued:
+                coll.prefetch(ids)
+            coll.prefetch(following)
+        loss_of(coll(ids)).backward()
+
+    return coll, step, [t for c in (coll.host.caches.values() if coll.host else []) for t in c.host]
+
+
+def restart_hit_rate(coll) -> None:
+    """Count the cache's hits from now on (the timed steps, not the warmup's cold cache)."""
+    if isinstance(coll, EmbeddingCollection):
+        for cache in coll.caches.values():
+            cache.rows_looked_up = cache.rows_hit = 0
+    elif coll.host is not None:
+        for cache in coll.host.caches.values():
+            cache.stats.zero_()
+
+
+def time_side(tables, args, device: torch.device, budget: int | None) -> dict:
     """One side's samples/s, hit rate and memory, freed when this returns."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    coll, host_tables, cache_rows = build(tables, args, device, budget)
-    opt = SparseOptimizer(coll, "adagrad", lr=args.lr)
-    readout = torch.randn(len(tables), args.dim, device=device) / args.dim
-    labels = torch.rand(args.batch, device=device).round()
-    turn = {"k": 0}
+    host = host_rows(tables, args, budget)
+    coll, step, host_tensors = build(tables, args, device, host)
+    turn = {"k": 0, "ids": draw_ids(tables, args.batch, device, args.seed)}
 
-    def step():
-        ids = batches[turn["k"] % len(batches)]
+    def one_step():
         turn["k"] += 1
-        out = coll(ids)  # [B, 26, D]
-        if coll.caches:  # the next batch's rows move while this step runs
-            coll.prefetch(batches[turn["k"] % len(batches)])
-        loss = torch.nn.functional.binary_cross_entropy_with_logits((out * readout).sum((1, 2)), labels)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        following = draw_ids(tables, args.batch, device, args.seed + turn["k"])
+        step(turn["ids"], following)
+        turn["ids"] = following
 
-    ms = median_ms(step, device, args.warmup, args.iters)
-    for cache in coll.caches.values():
-        cache.queued.clear()  # the prefetch the last step queued ahead
-    result = {"samples_per_s": args.batch / ms * 1e3, "step_ms": ms, "host_tables": host_tables,
-              "cache_rows": cache_rows, "cache_hit_rate": coll.cache_hit_rate(),
-              "host_gib": sum(c.store.nbytes + sum(s.nbytes for s in c.host_state.values())
-                              for c in coll.caches.values()) / GIB,
+    for _ in range(args.warmup):
+        one_step()
+    restart_hit_rate(coll)
+    ms = median_ms(one_step, device, 0, args.iters)
+    result = {"samples_per_s": args.batch / ms * 1e3, "step_ms": ms, "host_tables": len(host),
+              "cache_rows": sum(host.values()), "cache_hit_rate": coll.cache_hit_rate(),
+              "host_gib": sum(t.nbytes for t in host_tensors) / GIB,
               "gpu_peak_gib": torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None}
-    del coll, opt
+    del coll, step, host_tensors, turn
     release()
     return result
 
 
-def main(argv: list[str] | None = None) -> dict:
-    """Parse flags, time both sides, print and return the JSON record."""
+def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch", type=int, default=16384)
-    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--shape", choices=["dlrmv2", "onehot-dim256"], default="dlrmv2")
+    p.add_argument("--path", choices=["fused", "plain"], default="fused")
+    p.add_argument("--batch", type=int, default=None, help="default: 55,296 (dlrmv2), 65,536 (onehot-dim256)")
     p.add_argument("--row-cap", type=int, default=0, help="cap every table's rows (0: MLPerf's sizes)")
-    p.add_argument("--budget-gib", type=float, default=32.0, help="GPU memory the cached side's tables may take")
-    p.add_argument("--batches", type=int, default=8, help="distinct batches of ids, used in turn")
+    p.add_argument("--budget-gib", type=float, default=None,
+                   help="GPU memory the cached side's tables may take (default 32; onehot-dim256: 100)")
     p.add_argument("--lr", type=float, default=0.004)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--iters", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--small", action="store_true", help="tiny tables on the CPU, a budget of 30%% of them")
     args = p.parse_args(argv)
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.small else "cpu")
+    onehot = args.shape == "onehot-dim256"
+    args.dim = 256 if onehot else 128
+    args.batch = args.batch or (65536 if onehot else 55296)
+    args.budget_gib = args.budget_gib if args.budget_gib is not None else (100.0 if onehot else 32.0)
     if args.small:
-        args.batch, args.dim, args.row_cap, args.batches, args.warmup, args.iters = 32, 16, 20000, 4, 2, 5
-    tables = dlrmv2_tables(args)
+        args.batch, args.dim, args.row_cap, args.warmup, args.iters = 32, 16, 20000, 3, 5
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Parse flags, time the sides, print and return the JSON record."""
+    args = parse(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.small else "cpu")
+    tables = shape_tables(args)
     total = sum(adagrad_bytes(t) for t in tables)
     budget = int(0.3 * total) if args.small else int(args.budget_gib * GIB)
-    batches = [draw_ids([t.num_embeddings for t in tables], args.batch, "zipf", device, args.seed + k)
-               for k in range(args.batches)]
-    device_side = time_side(tables, batches, args, device, None)
-    cached = time_side(tables, batches, args, device, budget)
-    record = {"benchmark": "host_tier", "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "batch": args.batch, "dim": args.dim, "tables": len(tables), "ids_per_sample": sum(HOTNESS),
+    cached = time_side(tables, args, device, budget)
+    # the one-hot dim-256 shape does not fit one GPU: its cached side only
+    whole = time_side(tables, args, device, None) if args.shape == "dlrmv2" or args.small else None
+    record = {"benchmark": "host_tier", "path": args.path, "shape": args.shape,
+              "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "batch": args.batch, "dim": args.dim, "tables": len(tables),
+              "ids_per_sample": sum(t.length for t in tables),
               "table_gib": total / GIB, "budget_gib": budget / GIB, "optimizer": "adagrad (row-wise)",
-              "device_samples_per_s": device_side["samples_per_s"], "cached_samples_per_s": cached["samples_per_s"],
-              "ratio": cached["samples_per_s"] / device_side["samples_per_s"],
+              "device_samples_per_s": whole["samples_per_s"] if whole else None,
+              "cached_samples_per_s": cached["samples_per_s"],
+              "ratio": cached["samples_per_s"] / whole["samples_per_s"] if whole else None,
+              "step_ms": {"device": whole["step_ms"] if whole else None, "cached": cached["step_ms"]},
               "cache_hit_rate": cached["cache_hit_rate"], "host_tables": cached["host_tables"],
               "cache_rows": cached["cache_rows"], "host_gib": cached["host_gib"],
-              "gpu_peak_gib": {"device": device_side["gpu_peak_gib"], "cached": cached["gpu_peak_gib"]}}
+              "gpu_peak_gib": {"device": whole["gpu_peak_gib"] if whole else None, "cached": cached["gpu_peak_gib"]}}
     print(json.dumps(record))
     return record
 

@@ -1,6 +1,8 @@
 """The host tier on a GPU: tables in pinned host memory with small GPU caches train like the same tables
 all on the GPU (50 steps of every sparse optimizer, one-hot and multi-hot, the next batch prefetched on
-the side stream or in line), and `ctrflow train --embedding-memory-gib` runs and records its placement."""
+the side stream or in line; the plain path, and the fused path's Triton kernels with their row moves
+straight from pinned memory and no host read in a step), and `ctrflow train --embedding-memory-gib`
+runs and records its placement."""
 
 from __future__ import annotations
 
@@ -11,9 +13,12 @@ import torch
 
 from ctrflow.cli import main
 from ctrflow.embedding.collection import EmbeddingCollection
+from ctrflow.embedding.fused import ops
+from ctrflow.embedding.fused.cache import copy_rows, host_tensor
 from ctrflow.embedding.tables import TableConfig
 from tests.fixtures.bags import bag_batches, bag_tables
-from tests.fixtures.host_tier import cached_collection, train, whole, zipf_batches
+from tests.fixtures.host_tier import (cached_collection, fused_pair, fused_whole, train, train_fused, whole,
+                                      zipf_batches)
 from tests.fixtures.training import write_processed
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -48,3 +53,61 @@ def test_train_on_a_gpu_keeps_tables_beyond_the_budget_in_host_memory(tmp_path):
     assert plan["embedding"] == "plain" and ", host " in plan["placement"]
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["valid_auc"] > 0.5
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad", "adam"])
+@pytest.mark.parametrize("shape", ["one_hot", "multi_hot"])
+@pytest.mark.parametrize("ahead", [False, True])
+def test_fused_host_tables_on_a_gpu_train_like_tables_in_the_buffer(optimizer, shape, ahead):
+    tables = [TableConfig(t.name, t.num_embeddings, 16, t.feature) for t in ONE_HOT] if shape == "one_hot" \
+        else bag_tables(16, scale=40)
+    batches = (zipf_batches(tables, STEPS, BATCH, device="cuda") if shape == "one_hot"
+               else [ids.cuda() for ids in bag_batches(tables, BATCH, STEPS)])
+    device, cached = fused_pair(tables, optimizer, 2 * BATCH * 4 + 1, device="cuda")
+    assert ops.uses_kernels(cached.weight) and cached.host.stream is not None
+    assert all(h.is_pinned() for c in cached.host.caches.values() for h in c.host)
+    train_fused(device, batches)
+    train_fused(cached, batches, prefetch_ahead=ahead)
+    assert 0.0 < cached.cache_hit_rate() < 1.0
+    expected, got = fused_whole(device), fused_whole(cached)
+    for key in expected:  # the same kernels; the sort groups a row's duplicates by other row numbers
+        torch.testing.assert_close(got[key], expected[key], rtol=1e-4, atol=1e-6, msg=key)
+
+
+def test_the_copy_kernel_moves_rows_between_pinned_host_memory_and_the_gpu():
+    host = host_tensor((1000, 128), torch.float32, pinned=True)
+    host.copy_(torch.randn(1000, 128))
+    assert host.is_pinned()
+    dst = torch.zeros(64, 128, device="cuda")
+    rows = torch.tensor([5, -1, 999, 0, 17], device="cuda")
+    slots = torch.tensor([3, 4, 0, 63, 9], device="cuda")
+    copy_rows(host, rows, dst, slots, torch.tensor([4], device="cuda"))  # the fifth lies beyond the count
+    assert torch.equal(dst[[3, 0, 63]].cpu(), host[[5, 999, 0]]) and not dst[[4, 9]].any()
+    copy_rows(dst, slots, host, rows, torch.tensor([4], device="cuda"))
+    torch.cuda.synchronize()
+    assert torch.equal(host[999], dst[0].cpu())
+
+
+def test_a_steady_fused_step_with_host_tables_reads_nothing_back_to_the_host():
+    tables = bag_tables(16, scale=40)
+    batches = [ids.cuda() for ids in bag_batches(tables, BATCH, 12)]
+    _, cached = fused_pair(tables, "rowwise_adagrad", 2 * BATCH * 4 + 1, device="cuda")
+    cached.check_ids = False
+    train_fused(cached, batches[:6], prefetch_ahead=True)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        train_fused(cached, batches[6:], prefetch_ahead=True)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert cached.cache_hit_rate() < 1.0
+
+
+def test_train_fused_on_a_gpu_keeps_tables_beyond_the_budget_in_host_memory(tmp_path):
+    data = write_processed(tmp_path / "data", train_rows=64 * 40, valid_rows=256, cardinality=3000)
+    out = tmp_path / "ckpt"
+    assert main(["train", "--data", str(data), "--out", str(out), "--batch-size", "64", "--eval-batch-size", "64",
+                 "--max-steps", "30", "--device", "cuda", "--embedding", "fused", "--embedding-memory-gib", "0.004",
+                 "--eval-every", "10", "--no-progress", "--tracking-uri", "none"]) == 0
+    plan = json.loads((out / "config.json").read_text())["plan"]
+    assert plan["embedding"] == "fused" and ", host " in plan["placement"] and plan["cuda_graphs"] == "off"
+    assert json.loads((out / "train_summary.json").read_text())["valid_auc"] > 0.5

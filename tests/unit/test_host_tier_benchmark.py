@@ -12,8 +12,9 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "host_tier.py"
 pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests/conftest.py)
 
 
-def test_small_run_prints_one_json_line_comparing_cached_and_device_tables(capsys):
-    record = runpy.run_path(str(SCRIPT))["main"](["--small"])
+@pytest.mark.parametrize("path", ["fused", "plain"])
+def test_small_run_prints_one_json_line_comparing_cached_and_device_tables(capsys, path):
+    record = runpy.run_path(str(SCRIPT))["main"](["--small", "--path", path])
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1 and json.loads(lines[0]) == record
     assert record["tables"] == 26 and record["ids_per_sample"] == 214 and record["gpu"] == "cpu"
@@ -21,3 +22,9 @@ def test_small_run_prints_one_json_line_comparing_cached_and_device_tables(capsy
     assert record["ratio"] == record["cached_samples_per_s"] / record["device_samples_per_s"]
     assert record["host_tables"] > 0 and 0.0 < record["cache_hit_rate"] < 1.0  # Zipf ids: hot rows hit
     assert record["budget_gib"] < record["table_gib"] and record["host_gib"] > 0
+    assert record["path"] == path and record["step_ms"]["cached"] > 0
+
+
+def test_the_one_hot_dim_256_shape_reports_its_cached_side(capsys):
+    record = runpy.run_path(str(SCRIPT))["main"](["--small", "--shape", "onehot-dim256"])
+    assert record["ids_per_sample"] == 26 and record["host_tables"] > 0 and record["cached_samples_per_s"] > 0

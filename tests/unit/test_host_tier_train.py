@@ -83,8 +83,13 @@ def test_print_config_shows_each_tables_placement_as_comments(data_dir, capsys):
     assert len(rows) == 26 and any("host, cache" in r for r in rows) and any(r.endswith("device") for r in rows)
 
 
-def test_fused_tables_asked_for_with_tables_in_host_memory_are_refused(data_dir, tmp_path, capsys):
-    code = main(["train", "--data", str(data_dir), "--out", str(tmp_path / "ckpt"), "--batch-size", "64",
-                 "--eval-batch-size", "128", "--embedding", "fused", "--tracking-uri", "none", *BUDGET])
-    assert code == 2
-    assert "--embedding fused does not serve tables in host memory" in capsys.readouterr().err
+def test_fused_tables_in_host_memory_train_bitwise_like_fused_tables_on_the_device(data_dir, tmp_path):
+    device = _train(data_dir, tmp_path / "device", 50, "--embedding", "fused")
+    cached = _train(data_dir, tmp_path / "cached", 50, "--embedding", "fused", *BUDGET)
+    plan = json.loads((cached / "config.json").read_text())["plan"]
+    assert plan["embedding"] == "fused" and ", host " in plan["placement"]
+    _assert_same_checkpoint(device, cached)
+    summaries = [json.loads((out / "train_summary.json").read_text()) for out in (device, cached)]
+    assert summaries[0]["valid_auc"] == summaries[1]["valid_auc"]
+    resumed = _train(data_dir, tmp_path / "device", 60, "--embedding", "fused", "--resume", str(device), *BUDGET)
+    assert json.loads((resumed / "train_summary.json").read_text())["step"] == 60

@@ -11,8 +11,9 @@ model from `build_model` (its tables deferred: drawn where they land), always in
 3. tables and interaction: one process, fused: `embeddings` becomes a `FusedEmbeddingCollection` drawn on
    the device; N processes, fused: the tables fuse as they are sharded (4.); both: a dot interaction
    becomes the fused one (`ctrflow.accel.fused`); one process: the tables the plan keeps in host memory
-   get their host store and device cache (`ctrflow.accel.parallelize.apply_host_placement`; N
-   processes: as they are sharded); collections left plain are drawn;
+   get their host store and device cache (fused: slots of its buffer; plain:
+   `ctrflow.accel.parallelize.apply_host_placement`; N processes: as they are sharded); collections left
+   plain are drawn;
 4. parallelize: N processes shard the tables by the plan (fused or plain sharded collections), the model
    moves to the device, DDP wraps the dense part where `dense_sync` is "ddp" (`ctrflow.accel.parallelize`);
 5. exchange layout: the fused dot interaction reads the sharded exchange's buffers in place
@@ -74,7 +75,8 @@ def accelerate(model: nn.Module, plan: RunPlan, runtime: Runtime) -> Built:
     if plan.embedding == "fused" and runtime.distributed:
         swap_interactions(model)  # the tables fuse as they are sharded
     elif plan.embedding == "fused":
-        apply_fused(model, plan.optim, runtime.device, plan.amp)  # drawn straight into the device buffer
+        host = {name: s.cache_rows for name, s in plan.sharding.on_host()} if plan.sharding is not None else {}
+        apply_fused(model, plan.optim, runtime.device, plan.amp, host)  # drawn straight into the device buffer
     if not runtime.distributed:
         apply_host_placement(model, plan.sharding, runtime.device)
         materialize_tables(model)  # what no faster path took (DeepFM's dim-1 first-order tables, the plain path)

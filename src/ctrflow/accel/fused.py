@@ -94,21 +94,22 @@ def fused_collections(model: RankingModel) -> dict[str, nn.Module]:
     return {path: coll for path, coll in parts.items() if isinstance(coll, FUSED_COLLECTIONS)}
 
 
-def apply_fused(model: RankingModel, cfg: OptimConfig, device: torch.device,
-                output_dtype: torch.dtype | None) -> dict[str, FusedEmbeddingCollection]:
+def apply_fused(model: RankingModel, cfg: OptimConfig, device: torch.device, output_dtype: torch.dtype | None,
+                host: dict[str, int] | None = None) -> dict[str, FusedEmbeddingCollection]:
     """Swap, in place, the model's plain collections (`embeddings`, `linear_embeddings`) of dim >=
     `FUSED_MIN_DIM` for fused ones on `device` (same tables, one-id and multi-hot alike, same weights; a
-    collection without tables stays as it is) and a DLRM dot interaction
-    for the fused one; returns the fused collections by attribute name."""
+    collection without tables stays as it is; the tables in `host` {table: cache rows} in host memory)
+    and a DLRM dot interaction for the fused one; returns the fused collections by attribute name."""
     rule = FUSED_KINDS[cfg.sparse][0]
     lr = cfg.lr if cfg.sparse_lr is None else cfg.sparse_lr
     fused = {}
     for path in ("embeddings", "linear_embeddings"):
         coll = getattr(model, path)
         if isinstance(coll, EmbeddingCollection) and coll.tables and coll.embedding_dim >= FUSED_MIN_DIM:
+            mine = {t.name: host[t.name] for t in coll.tables if t.name in (host or {})}
             fused[path] = FusedEmbeddingCollection.from_collection(
                 coll, optimizer=rule, lr=lr, device=device, output_dtype=output_dtype or torch.float32,
-                check_ids=False, l2=cfg.embedding_l2)  # the loader checked every id on the host
+                check_ids=False, l2=cfg.embedding_l2, host=mine)  # the loader checked every id on the host
             setattr(model, path, fused[path])
     swap_interactions(model)
     return fused

@@ -123,15 +123,17 @@ def plan_run(config: TrainConfig, runtime: Runtime, model: nn.Module, loader: st
     all_fused = fused and all(c.embedding_dim >= FUSED_MIN_DIM for c in collections)
     tiered = config.embedding_memory_gib is not None
     sharding = _plan_sharding(config, runtime, model, fused) if runtime.distributed or tiered else None
-    if fused and sharding is not None and sharding.on_host():  # tables in host memory: the plain path
+    host = sharding is not None and bool(sharding.on_host())
+    if fused and host and runtime.distributed:  # sharded tables in host memory: the plain sharded path
         if config.embedding == "fused":
-            raise UserError("--embedding fused does not serve tables in host memory yet; use --embedding auto "
-                            "or plain, or a larger --embedding-memory-gib")
+            raise UserError("--embedding fused serves tables in host memory in one process only; under torchrun "
+                            "use --embedding auto or plain, or a larger --embedding-memory-gib")
         fused = all_fused = False
         sharding = _plan_sharding(config, runtime, model, fused)
-    # row-wise tables make the all-to-all sizes depend on the ids: no graph, no in-place exchange
+    # row-wise tables make the all-to-all sizes depend on the ids, and host tables place each batch in
+    # Python: no graph, no in-place exchange
     static = sharding is None or all(sharding.tables[t.name].sharding != "row" for t in model.embeddings.tables)
-    graphs = use_graphs(config, runtime, all_fused, static)
+    graphs = use_graphs(config, runtime, all_fused, static and not host)
     dense_sync = "none" if not runtime.distributed else "average" if graphs else "ddp"
     compiled = fused and dense_sync != "ddp" and use_compile(config, runtime)  # DDP's hooks stay eager
     kinds = {t.name: FUSED_KINDS[config.optim.sparse][1] if fused and c.embedding_dim >= FUSED_MIN_DIM

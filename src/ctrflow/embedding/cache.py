@@ -32,6 +32,20 @@ NEVER = -1  # `used` of a slot holding no row
 KEPT = torch.iinfo(torch.int64).max  # `used` as victim key: the current and previous batch's slots
 
 
+def take_queued(queued: deque, ids: torch.Tensor) -> torch.Tensor:
+    """The oldest queued prefetch (ids shape, what it placed, ready event or None), for a lookup of
+    `ids`: checked against their shape, and waited for on the current stream."""
+    shape, placed, ready = queued.popleft()
+    if shape != ids.shape:
+        raise RuntimeError(f"host cache: looked up ids of shape {list(ids.shape)}, but the next prefetched "
+                           f"batch had {list(shape)} (prefetch each batch once, in the order of the lookups)")
+    if ready is not None:
+        main = torch.cuda.current_stream(placed.device)
+        main.wait_event(ready)
+        placed.record_stream(main)
+    return placed
+
+
 class HostCache:
     """Rows [rows, dim] in host memory, `cache_rows` of them in a device cache (the module doc).
 
@@ -92,15 +106,7 @@ class HostCache:
         under the caller's grad mode, when none is queued)."""
         if not self.queued:
             self._queue_in_line(ids, torch.is_grad_enabled())
-        shape, slots, ready = self.queued.popleft()
-        if shape != ids.shape:
-            raise RuntimeError(f"host cache: looked up ids of shape {list(ids.shape)}, but the next prefetched "
-                               f"batch had {list(shape)} (prefetch each batch once, in the order of the lookups)")
-        if ready is not None:
-            main = torch.cuda.current_stream(self.device)
-            main.wait_event(ready)
-            slots.record_stream(main)
-        return slots
+        return take_queued(self.queued, ids)
 
     @torch.no_grad()
     def _queue_in_line(self, ids: torch.Tensor, train: bool) -> None:

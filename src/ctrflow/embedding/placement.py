@@ -76,8 +76,9 @@ def place_in_budget(plan: ShardingPlan, tables: list[TableConfig], tier: HostTie
 
 
 def _least_rows(t: TableConfig, s: Shard, batch_ids: int) -> int:
-    """The smallest cache of a shard: two batches' ids of its table, at most its rows."""
-    return min(s.num_rows, 2 * batch_ids * t.length)
+    """The smallest cache of a shard: two batches' ids of its table and a slot for a bag's padding
+    row (the fused path keeps it cached), at most its rows."""
+    return min(s.num_rows, 2 * batch_ids * t.length + 1)
 
 
 def _least_bytes(t: TableConfig, s: Shard, memory_of, batch_ids: int) -> int:

@@ -31,6 +31,7 @@ from ctrflow.loaders.stream import StreamLoader, choose_loader
 from ctrflow.loaders.stream_plan import ParquetIndex
 from ctrflow.embedding.collection import deferred_tables
 from ctrflow.embedding.optimizers import sparse_memory
+from ctrflow.embedding.fused import FusedEmbeddingCollection
 from ctrflow.embedding.fused.sharded import FusedShardedEmbeddingCollection
 from ctrflow.accel.exchange import forward_in_chunks
 from ctrflow.errors import UserError
@@ -249,7 +250,9 @@ def _fit(s: Session, stop: StopSignals) -> dict[str, Any]:
     stop.defer(s.runtime)  # from the first step on, a signal stops between steps
     try:
         while s.step < s.total_steps and s.epoch < cfg.epochs and not s.best.stop:
-            for batch in s.train_loader.batches(s.epoch, start=s.batch):
+            batches = s.train_loader.batches(s.epoch, start=s.batch)
+            for batch, following in _with_next(batches, _host_tables(s.model) is not None):
+                _prefetch(_host_tables(s.model), batch, following, s.runtime.device)
                 s.optimizers.set_lr_factor(lr_factor(s.step, cfg.optim, s.total_steps, len(s.train_loader)))
                 log.add(step_fn(s.model, batch, s.optimizers, s.runtime.device, s.amp))
                 s.step, s.batch = s.step + 1, s.batch + 1
@@ -267,6 +270,34 @@ def _fit(s: Session, stop: StopSignals) -> dict[str, Any]:
         if isinstance(step_fn, GraphedStep):
             step_fn.release()  # before the process group goes: NCCL waits for graphs holding its calls
     return _finish(s, log, valid, done)
+
+
+def _host_tables(model: nn.Module) -> FusedEmbeddingCollection | None:
+    """The model's fused collection where it keeps tables in host memory (None: no such collection)."""
+    coll = getattr(model, "embeddings", None)
+    return coll if isinstance(coll, FusedEmbeddingCollection) and coll.host is not None else None
+
+
+def _with_next(batches, ahead: bool):
+    """(batch, the next one, or None at the end or without `ahead`) pairs of an iterable of batches."""
+    it = iter(batches)
+    current = next(it, None)
+    while current is not None:
+        following = next(it, None) if ahead else None
+        yield current, following
+        current = following if ahead else next(it, None)
+
+
+def _prefetch(coll: FusedEmbeddingCollection | None, batch: Batch, following: Batch | None,
+              device: torch.device) -> None:
+    """Fused tables in host memory: the next batch's rows move while this step runs (the current
+    batch's first, where none is queued: the first step, or one after an evaluation;
+    `ctrflow.embedding.fused.cached`)."""
+    if coll is None or following is None:
+        return
+    if not coll.host.queued:
+        coll.prefetch(batch.sparse.to(device, non_blocking=True))
+    coll.prefetch(following.sparse.to(device, non_blocking=True))
 
 
 def train_step(model: nn.Module, batch: Batch, optimizers: Optimizers, device: torch.device,

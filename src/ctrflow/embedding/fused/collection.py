@@ -2,18 +2,23 @@
 
 One-id tables gather rows (`ops.lookup`); a collection with multi-hot tables gathers and pools its
 bags in one kernel (`bags.lookup_bags`); both update in backward through the same sort / sum /
-optimizer kernels (`ops.update_rows`), a padding slot getting no gradient.
+optimizer kernels (`ops.update_rows`), a padding slot getting no gradient. Tables the plan keeps in
+host memory are served from caches of slots in the same buffer (`ctrflow.embedding.fused.cached`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 from torch import nn
 
-from ctrflow.embedding.collection import EmbeddingCollection, copy_table_rows, init_table, zero_padding_row
+from ctrflow.embedding.collection import (EmbeddingCollection, copy_table_rows, init_rows, init_table,
+                                          zero_padding_row)
 from ctrflow.embedding.fused import bags, ops
+from ctrflow.embedding.fused.cache import SlotCache
+from ctrflow.embedding.fused.cached import CachedTables
 from ctrflow.embedding.pooling import is_one_hot, slot_count, slot_tables
 from ctrflow.embedding.tables import TableConfig
 from ctrflow.errors import UserError
@@ -68,13 +73,18 @@ class FusedEmbeddingCollection(nn.Module):
     `output_dtype` is the lookup's dtype (bf16 halves the bytes of the output and its gradient).
     Built on CPU the weights equal `EmbeddingCollection(tables, seed)`'s; built with
     `device="cuda"` they are drawn there (same bounds, other numbers) to skip a host copy.
+
+    `host` {table: cache rows}: those tables live in host memory (pinned on a GPU; drawn there, on a
+    GPU chunk by chunk) with that many slots of the buffer as their cache (`cached.CachedTables`);
+    `prefetch(ids)` brings a batch's rows in ahead of its lookup. `draw=False` leaves the host
+    tables' rows undrawn (`from_collection` copies them in).
     """
 
     def __init__(self, tables: list[TableConfig], seed: int = 0, optimizer: str = "sgd", lr: float = 0.01,
                  storage_dtype: torch.dtype = torch.float32, output_dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None, eps: float = 1e-8,
                  betas: tuple[float, float] = (0.9, 0.999), check_ids: bool = True, pre_reduce: bool = True,
-                 l2: float = 0.0):
+                 l2: float = 0.0, host: Mapping[str, int] | None = None, draw: bool = True):
         super().__init__()
         if optimizer not in ops.OPTIMIZERS:
             raise ValueError(f"unknown fused optimizer {optimizer!r}; choose one of {', '.join(ops.OPTIMIZERS)}")
@@ -89,7 +99,9 @@ class FusedEmbeddingCollection(nn.Module):
         self.one_hot = is_one_hot(self.tables)
         self.slots = slot_count(self.tables)
         sizes = [t.num_embeddings for t in self.tables]
-        starts = [0, *torch.tensor(sizes).cumsum(0).tolist()[:-1]]
+        host = dict(host or {})
+        spans = [host.get(t.name, t.num_embeddings) for t in self.tables]  # a host table's slots
+        starts = [0, *torch.tensor(spans).cumsum(0).tolist()[:-1]]
         device = torch.device(device or "cpu")
         self.register_buffer("offsets", torch.tensor(starts, dtype=torch.int64, device=device))
         # [S] every slot's table size: the range check of ids [B, S]
@@ -97,7 +109,7 @@ class FusedEmbeddingCollection(nn.Module):
                                                    device=device), persistent=False)
         for name, tensor in bags.layout_tensors(self.tables, starts).items():
             self.register_buffer(f"bag_{name}", tensor.to(device), persistent=False)
-        self.register_buffer("weight", _init_weights(self.tables, seed, storage_dtype, device))
+        self.register_buffer("weight", _init_weights(self.tables, seed, storage_dtype, device, host))
         rows, dim = self.weight.shape
         # unused state is one element, not empty: kernels get a valid pointer either way
         state1 = {"rowwise_adagrad": (rows,), "adam": (rows, dim)}.get(optimizer, (1,))
@@ -106,14 +118,38 @@ class FusedEmbeddingCollection(nn.Module):
             optimizer, torch.tensor([lr, 0.0], device=device), torch.zeros(state1, device=device),
             torch.zeros(state2, device=device), eps, betas[0], betas[1], l2)
         self.scratch: dict = {}
+        self.host = self._cache_tables(host, starts, seed, draw) if host else None
+
+    def _cache_tables(self, host: dict[str, int], starts: list[int], seed: int, draw: bool) -> CachedTables:
+        """The host tables' caches, their rows drawn into host memory where `draw`."""
+        caches, columns, column = {}, {}, 0
+        for index, (t, start) in enumerate(zip(self.tables, starts)):
+            if t.name in host:
+                cache = SlotCache(t.num_embeddings, start, host[t.name], t.pooling is not None, self._parts())
+                if draw:
+                    _draw_host(t, seed, index, cache.host[0], self.weight.device)
+                cache.empty(self._parts())
+                caches[t.name], columns[t.name] = cache, (column, column + t.length)
+            column += t.length
+        return CachedTables(caches, columns, self.weight.device)
+
+    def _parts(self) -> list[torch.Tensor]:
+        """The buffer's tensors with a row axis: the weights, then the optimizer state of each row."""
+        st = self.row_state
+        rows_of = {"sgd": [], "rowwise_adagrad": [st.state1], "adam": [st.state1, st.state2]}
+        return [self.weight, *rows_of[st.optimizer]]
 
     @classmethod
     def from_collection(cls, plain: EmbeddingCollection, **options) -> "FusedEmbeddingCollection":
         """A fused copy of a plain collection's tables and weights (options as for the constructor)."""
-        fused = cls(plain.tables, **options)
+        fused = cls(plain.tables, draw=False, **options)
         with torch.no_grad():  # table by table, in chunks: a deferred collection is never whole on the host
             for i, (t, start) in enumerate(zip(plain.tables, fused.offsets.tolist())):
-                copy_table_rows(plain, i, 0, t.num_embeddings, fused.weight[start:start + t.num_embeddings])
+                cache = fused.host.caches.get(t.name) if fused.host else None
+                out = fused.weight[start:start + t.num_embeddings] if cache is None else cache.host[0]
+                copy_table_rows(plain, i, 0, t.num_embeddings, out)
+                if cache is not None:
+                    cache.empty(fused._parts())
         return fused
 
     def _apply(self, fn, recurse=True):
@@ -121,6 +157,9 @@ class FusedEmbeddingCollection(nn.Module):
         st = self.row_state
         st.hyper, st.state1, st.state2 = fn(st.hyper), fn(st.state1), fn(st.state2)
         self.scratch.clear()
+        if self.host is not None and any(p.device != c.used.device for p in self._parts()
+                                         for c in self.host.caches.values()):
+            raise ValueError("a fused collection with host tables stays on the device it was built for")
         return self
 
     def set_lr(self, lr: float) -> None:
@@ -137,8 +176,22 @@ class FusedEmbeddingCollection(nn.Module):
             raise ValueError(f"ids must be [B, {self.slots}], got {list(ids.shape)}")
         if self.check_ids and not _capturing(ids):
             self._check_range(ids)
+        if self.host is not None:
+            ids = self.host.lookup_ids(ids, self._parts(), torch.is_grad_enabled())
         anchor = ids.new_empty(0, dtype=torch.float32).requires_grad_(torch.is_grad_enabled())
         return (_FusedLookup if self.one_hot else _FusedBags).apply(ids, anchor, self)
+
+    def prefetch(self, ids: torch.Tensor, train: bool = True) -> None:
+        """Bring the host tables' rows of batch `ids` [B, S] into their caches ahead of its forward
+        (`cached.CachedTables`; no-op without host tables). `train`: its step updates them."""
+        if self.host is not None:
+            if self.check_ids:
+                self._check_range(ids)
+            self.host.prefetch(ids, self._parts(), train)
+
+    def cache_hit_rate(self) -> float | None:
+        """Share of the host tables' distinct rows per batch found cached (None: no host table or lookup)."""
+        return self.host.hit_rate() if self.host is not None else None
 
     def _check_range(self, ids: torch.Tensor) -> None:
         # a device-to-host read: off (check_ids=False) in timed and captured loops
@@ -148,27 +201,40 @@ class FusedEmbeddingCollection(nn.Module):
             raise UserError(f"feature {table.feature}: ids outside its table of {table.num_embeddings} rows")
 
     def full_weights(self) -> dict[str, torch.Tensor]:
-        """Whole tables by name (views of the one buffer, in the storage dtype)."""
-        out = {}
-        for t, start in zip(self.tables, self.offsets.tolist()):
-            out[t.name] = self.weight[start:start + t.num_embeddings].detach()
-        return out
+        """Whole tables by name (views of the one buffer, or a host table's host rows; storage dtype)."""
+        return {t.name: self.full_table(t.name) for t in self.tables}
 
     def full_table(self, name: str) -> torch.Tensor:
-        """One whole table (a view of the buffer): the per-table face checkpoints write through."""
-        start, rows = self._span(name)
-        return self.weight[start:start + rows].detach()
+        """One whole table (not a copy): the per-table face checkpoints write through."""
+        return self._table_part(name, 0)
 
     def _span(self, name: str) -> tuple[int, int]:
-        """(first row in the one buffer, rows) of table `name`."""
+        """(first row in the one buffer, rows) of device table `name`."""
         index = next(i for i, t in enumerate(self.tables) if t.name == name)
         return int(self.offsets[index]), self.tables[index].num_embeddings
+
+    def _table_part(self, name: str, part: int) -> torch.Tensor:
+        """Table `name`'s rows of `_parts()[part]` (0: weights), current: a view of the buffer, or a host
+        table's rows in host memory once the cached rows are written back."""
+        cache = self.host.caches.get(name) if self.host is not None else None
+        if cache is None:
+            start, rows = self._span(name)
+            return self._parts()[part][start:start + rows].detach()
+        self.host.flush(self._parts())
+        return cache.host[part]
+
+    @torch.no_grad()
+    def _load_table_part(self, name: str, part: int, rows: torch.Tensor) -> None:
+        """Overwrite table `name`'s rows of `_parts()[part]` (a host table's cache starts empty)."""
+        self._table_part(name, part).copy_(rows)
+        if self.host is not None and name in self.host.caches:
+            self.host.caches[name].empty(self._parts())
 
     @torch.no_grad()
     def load_full_weights(self, tables: dict[str, torch.Tensor]) -> None:
         """Overwrite every table from whole tables by name (a checkpoint's; any dtype or device)."""
-        for t, start in zip(self.tables, self.offsets.tolist()):
-            self.weight[start:start + t.num_embeddings].copy_(tables[t.name])
+        for t in self.tables:
+            self._load_table_part(t.name, 0, tables[t.name])
 
     @property
     def weights(self) -> dict[str, torch.Tensor]:
@@ -183,43 +249,45 @@ class FusedEmbeddingCollection(nn.Module):
     def table_states(self, keys: dict[str, str]) -> dict[str, dict[str, torch.Tensor]]:
         """Optimizer state as whole tables: {table: {key: rows of state[src]}} for `keys` {key: src}
         (src "state1" or "state2"), copied to the CPU."""
-        state = self.optimizer_state()
-        return {t.name: {key: state[src][start:start + t.num_embeddings].detach().cpu().clone()
-                         for key, src in keys.items()}
-                for t, start in zip(self.tables, self.offsets.tolist())}
+        return {t.name: {key: self.table_state(t.name, src) for key, src in keys.items()} for t in self.tables}
 
     def table_state(self, name: str, src: str) -> torch.Tensor:
         """`state[src]` ("state1" or "state2") rows of one table, copied to the CPU (what a
         checkpoint writes, one table and one state at a time)."""
-        start, rows = self._span(name)
-        return self.optimizer_state()[src][start:start + rows].detach().to("cpu", copy=True)  # one copy, CPU or GPU
+        return self._table_part(name, _PART[src]).to("cpu", copy=True)  # one copy, CPU or GPU
 
     @torch.no_grad()
     def load_table_states(self, keys: dict[str, str], tables: dict[str, dict[str, torch.Tensor]],
                           steps: float) -> None:
         """Inverse of `table_states`; `steps` is the optimizer's step count (Adam's bias correction)."""
-        state = self.optimizer_state()
-        state["hyper"][1].fill_(float(steps))
-        for t, start in zip(self.tables, self.offsets.tolist()):
+        self.row_state.hyper[1].fill_(float(steps))
+        for t in self.tables:
             for key, src in keys.items():
-                state[src][start:start + t.num_embeddings].copy_(tables[t.name][key])
+                self._load_table_part(t.name, _PART[src], tables[t.name][key])
+
+
+_PART = {"state1": 1, "state2": 2}  # optimizer state -> its index in `_parts()`
 
 
 def _capturing(ids: torch.Tensor) -> bool:
     return ids.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def _init_weights(tables: list[TableConfig], seed: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _init_weights(tables: list[TableConfig], seed: int, dtype: torch.dtype, device: torch.device,
+                  host: dict[str, int]) -> torch.Tensor:
     """All tables in one [R, D] buffer, each drawn like `init_table` (on `device`'s own generator: the
-    same bounds, scale and zero padding row, other numbers)."""
-    rows = sum(t.num_embeddings for t in tables)
+    same bounds, scale and zero padding row, other numbers); a host table's cache slots zero."""
+    rows = sum(host.get(t.name, t.num_embeddings) for t in tables)
     weight = torch.empty(rows, tables[0].embedding_dim, dtype=dtype, device=device)
     if device.type == "meta":
         return weight
     start = 0
     for index, t in enumerate(tables):
-        block = weight[start:start + t.num_embeddings]
-        start += t.num_embeddings
+        block = weight[start:start + host.get(t.name, t.num_embeddings)]
+        start += block.shape[0]
+        if t.name in host:
+            block.zero_()
+            continue
         if device.type == "cpu":  # the plain collection's numbers
             block.copy_(init_table(t, seed, index))
             continue
@@ -237,3 +305,20 @@ def _init_weights(tables: list[TableConfig], seed: int, dtype: torch.dtype, devi
         if drawn is not block:
             block.copy_(drawn)
     return weight
+
+
+def _draw_host(t: TableConfig, seed: int, index: int, store: torch.Tensor, device: torch.device,
+               chunk: int = 1 << 20) -> None:
+    """A host table's initial rows into `store`, `chunk` rows at a time: the plain collection's numbers
+    for a CPU collection; on a GPU drawn there per chunk (same bounds, other numbers) and copied."""
+    for a in range(0, t.num_embeddings, chunk):
+        b = min(a + chunk, t.num_embeddings)
+        if device.type == "cpu" or t.init == "zeros":
+            store[a:b] = init_rows(t, seed, index, a, b)
+            continue
+        gen = torch.Generator(device=device).manual_seed((seed * 1000003 + index) * 1000003 + a // chunk)
+        bound = 1.0 / math.sqrt(t.num_embeddings)
+        rows = torch.empty(b - a, t.embedding_dim, device=device).uniform_(-bound, bound, generator=gen)
+        rows.mul_(t.init_scale)
+        zero_padding_row(t, rows, a)
+        store[a:b].copy_(rows.to(store.dtype))

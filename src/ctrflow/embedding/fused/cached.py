@@ -1,0 +1,84 @@
+"""The host tables of one fused collection: their caches, and the batches prefetched ahead of their lookups.
+
+`CachedTables` turns ids [B, S] into the ids the kernels read: each host table's columns become its
+slot numbers (`ctrflow.embedding.fused.cache.SlotCache.place`), the other columns stay as they are.
+`prefetch(ids)` does this for a batch ahead of its lookup and queues the result; the lookup takes the
+queued batches in order, or places its batch in line when none is queued. On CUDA a prefetch runs on
+a side stream after the work queued before it (the ids, the steps whose rows it may evict), so the
+next batch's rows move while the current step runs, and the lookup waits for it. A prefetch never
+evicts the rows of the batch before it, so at most one batch may be queued ahead of the next lookup
+(`ctrflow train` prefetches the next batch just before each step). A lookup without gradients (an
+evaluation between steps) drops the queued batches, whose rows stay cached, and places in line.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from ctrflow.embedding.cache import take_queued
+from ctrflow.embedding.fused.cache import SlotCache
+
+
+class CachedTables:
+    """`caches` by table name and each table's id columns [a, b) of ids [B, S] (the module doc)."""
+
+    def __init__(self, caches: dict[str, SlotCache], columns: dict[str, tuple[int, int]], device: torch.device):
+        self.caches, self.columns = caches, columns
+        self.queued: deque = deque()  # (ids shape, ids for the kernels, ready event or None)
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def prefetch(self, ids: torch.Tensor, parts: list[torch.Tensor], train: bool = True) -> None:
+        """Place batch `ids` [B, S] now (its step comes later) and queue it for `lookup_ids`."""
+        if len(self.queued) >= 2:
+            raise RuntimeError("host tables: prefetch at most one batch ahead of the next lookup")
+        if self.stream is None:
+            self.queued.append((ids.shape, self._translate(ids, parts, train), None))
+            return
+        self.stream.wait_stream(torch.cuda.current_stream(ids.device))  # the ids, the rows' last updates
+        ids.record_stream(self.stream)
+        with torch.cuda.stream(self.stream):
+            out = self._translate(ids, parts, train)
+            ready = torch.cuda.Event()
+            ready.record(self.stream)
+        self.queued.append((ids.shape, out, ready))
+
+    def lookup_ids(self, ids: torch.Tensor, parts: list[torch.Tensor], train: bool) -> torch.Tensor:
+        """`ids` [B, S] with the host tables' columns as buffer slots: the oldest queued batch (an
+        evaluation's, `train` False, drops the queue), or this one placed in line."""
+        if not train and self.queued:
+            self.drop()
+        if not self.queued:
+            self.settle()
+            return self._translate(ids, parts, train)
+        return take_queued(self.queued, ids)
+
+    def _translate(self, ids: torch.Tensor, parts: list[torch.Tensor], train: bool) -> torch.Tensor:
+        out = ids.clone()
+        for name, cache in self.caches.items():
+            a, b = self.columns[name]
+            out[:, a:b] = cache.place(ids[:, a:b].reshape(-1), parts, train).view(ids.shape[0], b - a)
+        return out
+
+    def drop(self) -> None:
+        """Forget the queued batches (their rows stay cached, correct either way)."""
+        self.settle()
+        self.queued.clear()
+
+    def settle(self) -> None:
+        """CUDA: the current stream waits for the prefetches on the side stream (they change the
+        bookkeeping and the cache rows that in-line work reads)."""
+        if self.stream is not None:
+            torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
+
+    def flush(self, parts: list[torch.Tensor]) -> None:
+        """Write every dirty cached row back to host memory."""
+        self.settle()
+        for cache in self.caches.values():
+            cache.flush(parts)
+
+    def hit_rate(self) -> float | None:
+        """Share of the distinct rows looked up per batch that were already cached (None: none yet)."""
+        looked_up, hits = (int(x) for x in sum(c.stats for c in self.caches.values()).tolist())
+        return hits / looked_up if looked_up else None
