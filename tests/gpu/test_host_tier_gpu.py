@@ -50,7 +50,7 @@ def test_train_on_a_gpu_keeps_tables_beyond_the_budget_in_host_memory(tmp_path):
                  "--max-steps", "30", "--device", "cuda", "--embedding-memory-gib", "0.004", "--no-progress",
                  "--tracking-uri", "none"]) == 0
     plan = json.loads((out / "config.json").read_text())["plan"]
-    assert plan["embedding"] == "plain" and ", host " in plan["placement"]
+    assert plan["embedding"] == "fused" and ", host " in plan["placement"]  # the fused path serves host tables
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["valid_auc"] > 0.5
 

@@ -34,7 +34,7 @@ from ctrflow.errors import UserError
 
 NEVER = -1  # `used` of an empty slot (the oldest age)
 PINNED = 2**62  # `used` of the padding slot: never a victim
-AGES = 64  # age buckets: few enough for torch.histc to count them in shared memory
+AGES = 64  # age buckets: a histogram of 64 counts a step
 COPY_ROWS = 32  # rows a program of `copy_rows_kernel` moves
 REGISTER_BYTES = 1 << 26  # host tensors this large are pinned in place (cudaHostRegister), not copied
 
@@ -72,7 +72,8 @@ class SlotCache:
         self.batches += 1
         slot = self.slot_of[ids]
         hit = slot >= 0
-        self.used[torch.where(hit, slot.long(), self.cache_rows)] = self.batches  # hits are never victims
+        # index_fill_, not `t[index] = scalar`: that copies the scalar to the device, a sync
+        self.used.index_fill_(0, torch.where(hit, slot.long(), self.cache_rows), self.batches)  # hits: never victims
         missing, count = self._misses(ids, hit)
         hits = (self.used[:self.cache_rows] == self.batches).sum()
         self.stats += torch.stack([hits + count[0], hits])
@@ -81,9 +82,9 @@ class SlotCache:
         self._evict(victims, count, cache)
         self._load(victims, missing, count, cache)
         slots = self.slot_of[ids].long()
-        self.used[slots] = self.batches
+        self.used.index_fill_(0, slots, self.batches)
         if train:
-            self.dirty[slots] = True
+            self.dirty.index_fill_(0, slots, True)
         self.last_ids = ids.numel()
         return slots
 
@@ -110,7 +111,7 @@ class SlotCache:
         c = self.cache_rows
         age = (self.batches - self.used[:c]).clamp_(max=AGES - 1)  # empty: the oldest; padding: < 0
         age = torch.where(age >= 2, age, 0)  # bucket 0: never taken
-        hist = torch.histc(age.double(), bins=AGES, min=0, max=AGES)
+        hist = torch.zeros(AGES, dtype=torch.int64, device=age.device).index_add_(0, age, torch.ones_like(age))
         hist[0] = 0
         older = hist.flip(0).cumsum(0).flip(0)  # [AGES] slots in bucket b or older
         last = (older >= count).sum().view(1) - 1  # the youngest bucket to take from
@@ -127,7 +128,7 @@ class SlotCache:
         src, dst = torch.where(back, victims, -1), torch.where(back, old, -1)
         for part, host in zip(cache, self.host):
             copy_rows(part, src, host, dst, count)
-        self.slot_of[torch.where(old >= 0, old, self.rows)] = -1
+        self.slot_of.index_fill_(0, torch.where(old >= 0, old, self.rows), -1)
 
     def _load(self, victims: torch.Tensor, missing: torch.Tensor, count: torch.Tensor,
               cache: list[torch.Tensor]) -> None:
@@ -137,7 +138,7 @@ class SlotCache:
         self.slot_of[torch.where(missing >= 0, missing, self.rows)] = victims.to(torch.int32)
         self.slot_of[self.rows] = -1
         self.id_of[victims] = missing
-        self.dirty[victims] = False
+        self.dirty.index_fill_(0, victims, False)
 
     @torch.no_grad()
     def flush(self, parts: list[torch.Tensor]) -> None:
