@@ -34,7 +34,7 @@ from ctrflow.errors import UserError
 
 NEVER = -1  # `used` of an empty slot (the oldest age)
 PINNED = 2**62  # `used` of the padding slot: never a victim
-AGES = 64  # age buckets: a histogram of 64 counts a step
+AGES = 64  # age buckets: few enough for torch.histc to count them in shared memory
 COPY_ROWS = 32  # rows a program of `copy_rows_kernel` moves
 REGISTER_BYTES = 1 << 26  # host tensors this large are pinned in place (cudaHostRegister), not copied
 
@@ -111,7 +111,9 @@ class SlotCache:
         c = self.cache_rows
         age = (self.batches - self.used[:c]).clamp_(max=AGES - 1)  # empty: the oldest; padding: < 0
         age = torch.where(age >= 2, age, 0)  # bucket 0: never taken
-        hist = torch.zeros(AGES, dtype=torch.int64, device=age.device).index_add_(0, age, torch.ones_like(age))
+        # histc counts in shared memory (index_add_ would pile millions of atomics on 64 addresses); with
+        # min < max given it reads nothing back
+        hist = torch.histc(age.double(), bins=AGES, min=0, max=AGES)
         hist[0] = 0
         older = hist.flip(0).cumsum(0).flip(0)  # [AGES] slots in bucket b or older
         last = (older >= count).sum().view(1) - 1  # the youngest bucket to take from
