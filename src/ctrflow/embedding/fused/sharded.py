@@ -3,7 +3,9 @@
 Each rank keeps its model-parallel shards (whole tables, and row-wise pieces with shard-local ids)
 in one `FusedEmbeddingCollection` buffer and the replicated (data-parallel) tables in another.
 Forward: ids all-to-all (`routing.route`) -> one fused lookup of every received id -> multi-hot bags
-pooled by their owner (`owner_pool.py`; `ctrflow.embedding.bags` says why there) -> vectors
+pooled by their owner (`ctrflow.embedding.bags` says why there: with whole tables only, the received
+ids are a batch of world * b samples of the owner's tables, pooled by the one-GPU bag kernel and
+updated by its backward; with row pieces, `owner_pool.py`) -> vectors
 all-to-all (in the output dtype, bf16 on the fast path) -> assembled [b, T, D] (a row-split bag's
 partial sums added); replicated tables are looked up and pooled locally. One-hot tables take exactly
 the path they took before bags existed (same sizes, no pooling step). Backward: the gradients travel
