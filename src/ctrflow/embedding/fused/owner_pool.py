@@ -1,4 +1,5 @@
-"""Bags pooled where their rows live, on the fused sharded path (`ctrflow.embedding.bags` says why).
+"""Bags pooled where their rows live, on the fused sharded path (`ctrflow.embedding.bags` says why),
+for plans with row-wise pieces (a static plan's owners pool with the bag kernels: `Layout.owner_bags`).
 
 An owner receives, from each source, its whole tables' ids as [b, columns] (a bag's `length` ids
 per sample, padding included) and then its row pieces' ids (a row-split bag's without padding, with
