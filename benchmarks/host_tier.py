@@ -6,6 +6,7 @@ memory with a GPU cache of hot rows (`ctrflow.embedding.placement`; the fused pa
     PYTHONPATH=src python3 benchmarks/host_tier.py --shape onehot-dim256   # 179 GiB of tables: cached only
     PYTHONPATH=src python3 benchmarks/host_tier.py --path plain            # the plain collection
     PYTHONPATH=src python3 benchmarks/host_tier.py --small                 # tiny, on the CPU: seconds
+    PYTHONPATH=src python3 benchmarks/host_tier.py --profile DIR           # + each side's time per operation
 
 Shapes: `dlrmv2` is MLPerf DLRMv2's (26 tables of its sizes, capped at `--row-cap`, bags of its hotness,
 214 ids a sample, sum pooling, dim 128); `onehot-dim256` is the one-hot MLPerf DLRM's (26 tables of
@@ -147,6 +148,8 @@ def time_side(tables, args, device: torch.device, budget: int | None) -> dict:
         one_step()
     restart_hit_rate(coll)
     ms = median_ms(one_step, device, 0, args.iters)
+    if args.profile and device.type == "cuda":
+        write_profile(one_step, f"{args.profile}/host_tier-{'cached' if host else 'device'}.txt")
     result = {"samples_per_s": args.batch / ms * 1e3, "step_ms": ms, "host_tables": len(host),
               "cache_rows": sum(host.values()), "cache_hit_rate": coll.cache_hit_rate(),
               "host_gib": sum(t.nbytes for t in host_tensors) / GIB,
@@ -154,6 +157,22 @@ def time_side(tables, args, device: torch.device, budget: int | None) -> dict:
     del coll, step, host_tensors, turn
     release()
     return result
+
+
+def write_profile(one_step, path: str, steps: int = 3) -> None:
+    """GPU and CPU time per operation of `steps` more steps: which kernels the cached step adds, and
+    whether it waits on the GPU or on the Python that queues it."""
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(steps):
+            one_step()
+        torch.cuda.synchronize()
+    table = prof.key_averages()
+    with open(path, "w") as f:
+        f.write(f"{steps} steps, by GPU time\n")
+        f.write(table.table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=60))
+        f.write(f"\n{steps} steps, by CPU time\n")
+        f.write(table.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -169,6 +188,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--small", action="store_true", help="tiny tables on the CPU, a budget of 30%% of them")
+    p.add_argument("--profile", default="", help="folder: each side's GPU and CPU time per operation of 3 steps")
     args = p.parse_args(argv)
     onehot = args.shape == "onehot-dim256"
     args.dim = 256 if onehot else 128
