@@ -93,3 +93,17 @@ def test_fused_tables_in_host_memory_train_bitwise_like_fused_tables_on_the_devi
     assert summaries[0]["valid_auc"] == summaries[1]["valid_auc"]
     resumed = _train(data_dir, tmp_path / "device", 60, "--embedding", "fused", "--resume", str(device), *BUDGET)
     assert json.loads((resumed / "train_summary.json").read_text())["step"] == 60
+
+
+def test_evaluate_within_a_budget_scores_through_the_cache_like_all_on_the_device(data_dir, tmp_path, capsys):
+    """`ctrflow evaluate --embedding-memory-gib`: the tables beyond it read through a device cache, the
+    metrics those of every table on the device, to the last digit."""
+    ckpt = _train(data_dir, tmp_path / "ckpt", 20)
+    metrics = {}
+    for name, extra in (("device", []), ("cached", ["--embedding-memory-gib", "0.002"])):
+        assert main(["evaluate", "--data", str(data_dir), "--checkpoint", str(ckpt), "--out", str(tmp_path / name),
+                     "--batch-size", "128", "--device", "cpu", "--tracking-uri", "none", *extra]) == 0
+        metrics[name] = json.loads((tmp_path / name / "metrics.json").read_text())
+    assert ", host " in metrics["cached"].pop("embedding_placement")
+    for key in ("auc", "logloss", "rows", "mean_prediction", "ece"):
+        assert metrics["cached"][key] == metrics["device"][key], key

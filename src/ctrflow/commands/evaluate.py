@@ -20,6 +20,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="equal-mass (equal-count) bins of the calibration table and its ECE")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="where the model scores (default: a GPU when there is one)")
+    parser.add_argument("--embedding-memory-gib", type=float, default=None, metavar="N",
+                        help="device memory the embedding tables may take; the tables beyond it stay in host "
+                             "memory, read through a device cache of the rows the batches use (default: every "
+                             "table on the device)")
     add_tracking_flags(parser)
 
 
@@ -30,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     with tracker_from_args(args, "evaluate") as tracker:
         metrics = evaluate(args.data, chosen_checkpoint(args), args.out, split=args.split,
                            batch_size=args.batch_size, bins=args.bins, device=args.device,
-                           tracker=tracker)
+                           tracker=tracker, embedding_memory_gib=args.embedding_memory_gib)
     headline = {k: metrics[k] for k in ("auc", "logloss", "rows", "mean_prediction", "observed_ctr")}
     print(json.dumps({**headline, "out": args.out}))
     return 0

@@ -74,13 +74,35 @@ def write_plots(labels: np.ndarray, logits: np.ndarray, metrics: dict, out: Path
         plot_calibration(metrics["calibration"], out / "calibration.png")
 
 
+def keep_tables_within(model, budget_gib: float, batch_size: int, device) -> str:
+    """Scoring with tables larger than the device: the model's embedding tables beyond `budget_gib` of
+    device memory (weights alone: nothing trains) stay in host memory, each read through a device cache
+    of the rows the batches look up (`ctrflow.embedding.placement`, `ctrflow.embedding.cache`), the rest
+    go to the device with the model; returns the placement ("device 20, host 6 (caches of ... rows)").
+    Wide & Deep's and DeepFM's first-order tables (dim 1) always stay on the device, within the budget."""
+    from ctrflow.embedding.placement import HostTier, place_in_budget, placement_summary
+    from ctrflow.embedding.plan import plan_sharding
+
+    tables = model.embeddings.tables
+    linear = getattr(model, "linear_embeddings", None)
+    small = sum(t.num_embeddings * 4 for t in linear.tables) if linear is not None else 0
+    tier = HostTier(int(budget_gib * 2**30) - small, batch_size)
+    plan = place_in_budget(plan_sharding(tables, 1), tables, tier, lambda t: t.bytes)
+    for name, shard in plan.on_host():
+        model.embeddings.place_on_host(name, shard.cache_rows, device)
+    return placement_summary(plan)
+
+
 def evaluate(data: str | os.PathLike, checkpoint: str | os.PathLike, out: str | os.PathLike,
              split: str = "valid", batch_size: int = 16384, bins: int = 10, device: str = "cpu",
-             tracker: Tracker | None = None, threads: int | None = None) -> dict:
+             tracker: Tracker | None = None, threads: int | None = None,
+             embedding_memory_gib: float | None = None) -> dict:
     """Score `data/split` with `checkpoint`; write metrics.json and the plots to `out`; return the metrics.
 
     `device` ("cpu", "cuda", "auto") is where the model scores; metrics are computed on the host.
-    `threads`: Parquet decode threads (default: the usable cores, at most 16).
+    `threads`: Parquet decode threads (default: the usable cores, at most 16). `embedding_memory_gib`:
+    the device memory the tables may take; the rest are read through a device cache of the rows the
+    batches use (`keep_tables_within`; None: every table on the device).
     """
     import torch
 
@@ -93,6 +115,8 @@ def evaluate(data: str | os.PathLike, checkpoint: str | os.PathLike, out: str | 
     model, schema, meta = load_for_data(checkpoint, data)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    placement = (keep_tables_within(model, embedding_memory_gib, batch_size, device)
+                 if embedding_memory_gib is not None else None)
     model.to(device)
     loader = ScanLoader(ParquetIndex(data, split), batch_size, table_sizes=schema.table_sizes(), device=device,
                         threads=threads)
@@ -103,6 +127,8 @@ def evaluate(data: str | os.PathLike, checkpoint: str | os.PathLike, out: str | 
     metrics.update(split=split, data=str(data), checkpoint=str(checkpoint),
                    model=meta.get("model", {}).get("name"), step=meta.get("step"),
                    checkpoint_calibration=meta.get("calibration"))  # what training fitted (None: nothing)
+    if placement is not None:
+        metrics["embedding_placement"] = placement
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
