@@ -244,9 +244,8 @@ class FusedShardedEmbeddingCollection(DeferredUpdate, WholeTables, nn.Module):
         """Where this rank's whole tables ("owner": `layout.owner_bags`) or the replicas ("rep") lie in
         their buffer, as bags."""
         feats = self.layout.tab[self.rank] if prefix == "owner" else self.layout.rep
-        return bags.BagLayout(tuple(self.tables[f] for f in feats),
-                              *(getattr(self, f"{prefix}_bag_{k}") for k in ("slot_offsets", "slot_table", "table_start",
-                                                                            "table_length", "table_mode", "table_offset")))
+        keys = ("slot_offsets", "slot_table", "table_start", "table_length", "table_mode", "table_offset")
+        return bags.BagLayout(tuple(self.tables[f] for f in feats), *(getattr(self, f"{prefix}_bag_{k}") for k in keys))
 
     def lookup(self, ids: torch.Tensor) -> tuple[torch.Tensor, tuple]:
         """The forward of one (micro-)batch; returns the output and what backward needs.

@@ -78,10 +78,11 @@ class DeferredUpdate:
             rep_ids = step["rep_ids"][c]
             scales = step["rep_scales"][c]  # bags: each id reads its bag's gradient times its weight there
             with self._beside(packed, rep_ids, *([scales] if scales is not None else [])):  # beside the bottom MLP
-                step["rep_acc"] = replicated_grad(rep_ids, self.rep_offsets(), packed[n_send:].view(b, len(lay.rep), dim),
+                rep_grad = packed[n_send:].view(b, len(lay.rep), dim)
+                step["rep_acc"] = replicated_grad(rep_ids, self.rep_offsets(), rep_grad,
                                                   rep.weight.shape[0], self.cache, counts=needs_counts(rep),
                                                   out=step["rep_acc"], presorted=step["rep_sorted"][c],
-                                                  bags=(self.rep_bag_slot_table, scales) if scales is not None else None)
+                                                  bags=None if scales is None else (self.rep_bag_slot_table, scales))
                 if last and self.world_size > 1:
                     # on the default group's communicator: beside the all-to-all, not behind it
                     whole = self.world_size == dist.get_world_size()
