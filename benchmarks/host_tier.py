@@ -7,6 +7,7 @@ memory with a GPU cache of hot rows (`ctrflow.embedding.placement`; the fused pa
     PYTHONPATH=src python3 benchmarks/host_tier.py --path plain            # the plain collection
     PYTHONPATH=src python3 benchmarks/host_tier.py --small                 # tiny, on the CPU: seconds
     PYTHONPATH=src python3 benchmarks/host_tier.py --profile DIR           # + each side's time per operation
+    PYTHONPATH=src python3 benchmarks/host_tier.py --dense fp8             # the whole DLRMv2 training step
 
 Shapes: `dlrmv2` is MLPerf DLRMv2's (26 tables of its sizes, capped at `--row-cap`, bags of its hotness,
 214 ids a sample, sum pooling, dim 128); `onehot-dim256` is the one-hot MLPerf DLRM's (26 tables of
@@ -16,11 +17,16 @@ a fresh batch every step, drawn one step ahead. Row-wise Adagrad, fp32 tables. T
 one `FusedEmbeddingCollection` (bf16 output, the optimizer in backward), the next batch prefetched
 just before each step as `ctrflow train` does; the plain path: `EmbeddingCollection` with
 `SparseOptimizer`, the next batch prefetched after the forward. One step is the tables' lookup and
-update under a fixed linear readout and BCE loss (no dense layers). `device` keeps every table on the
-GPU; `cached` keeps the tables within `--budget-gib` of GPU memory (weights and Adagrad state;
+update under a fixed linear readout and BCE loss (no dense layers). With `--dense bf16|fp8` (fused path)
+it is the whole training step instead: the DLRMv2 shape's DCNv2 as `benchmarks/dlrmv2.py`'s fast path
+trains it, the one-hot shape's DLRM as `benchmarks/sharded_scale.py` does (bottom 512-256, top
+1024-1024-512-256), the head compiled, dense Adam, graphed where every table is on the GPU (as `ctrflow
+train` runs it), eager with host tables, whose next rows then move beside the dense work. `device` keeps
+every table on the GPU; `cached` keeps the tables within `--budget-gib` of GPU memory (weights and Adagrad state;
 `place_in_budget`) and the others in pinned host memory with caches filling the rest of the budget.
 Each side is built alone (the other freed first); samples/s from the median step of `--iters` steps
-after `--warmup` (the cache's hit rate counted after the warmup). `--small` runs on the CPU in seconds
+after `--warmup` steps and, on the cached side, as many more as fill every cache (the steady state: each
+row read in evicts one; the cache's hit rate and the bytes moved counted after the warmup). `--small` runs on the CPU in seconds
 with a budget of 30 % of the tables' bytes. Prints one JSON line. Imports only torch and ctrflow.
 """
 
@@ -34,18 +40,27 @@ from pathlib import Path
 
 import torch
 
+from ctrflow.accel.accelerate import accelerate
+from ctrflow.accel.plan import RunPlan
 from ctrflow.embedding.collection import EmbeddingCollection, deferred_tables
 from ctrflow.embedding.fused import FusedEmbeddingCollection
+from ctrflow.embedding.fused.cache import copy_rows
 from ctrflow.embedding.optimizers import SparseOptimizer, state_bytes
 from ctrflow.embedding.placement import HostTier, place_in_budget
 from ctrflow.embedding.plan import plan_sharding
+from ctrflow.contract.features import Features
 from ctrflow.embedding.tables import TableConfig
+from ctrflow.models import build_model
+from ctrflow.runtime import Runtime
 
 sys.path.insert(0, str(Path(__file__).parent))
 from embedding_bag import HOTNESS, MLPERF_ROWS, median_ms, release  # noqa: E402
+from dlrmv2 import OPTIM, base_model, dlrmv2_features  # noqa: E402
 from sharded_parts import MLPERF_TABLES  # noqa: E402
+from train_paths import capture_step, fp8_plan, make_optimizers, make_step  # noqa: E402
 
 GIB = 2**30
+ONEHOT_ARCH = {"bottom_mlp": (512, 256), "top_mlp": (1024, 1024, 512, 256)}  # MLPerf DLRM's
 
 
 def shape_tables(args) -> list[TableConfig]:
@@ -109,15 +124,51 @@ def build(tables, args, device: torch.device, host: dict[str, int]):
     bf16 = torch.bfloat16 if device.type == "cuda" else torch.float32
     coll = FusedEmbeddingCollection(tables, seed=args.seed, optimizer="rowwise_adagrad", lr=args.lr,
                                     output_dtype=bf16, device=device, check_ids=False, host=host)
+    train = dense_step(coll, args, device, labels) if args.dense != "none" else lambda ids: loss_of(coll(ids)).backward()
 
     def step(ids, following):
         if coll.host is not None:  # as `ctrflow train`: this batch queued, the next one placed beside the step
             if not coll.host.queued:
                 coll.prefetch(ids)
             coll.prefetch(following)
-        loss_of(coll(ids)).backward()
+        train(ids)
 
     return coll, step, [t for c in (coll.host.caches.values() if coll.host else []) for t in c.host]
+
+
+def dense_step(coll: FusedEmbeddingCollection, args, device: torch.device, labels: torch.Tensor):
+    """The whole training step over `coll` in `--dense`'s precision (module doc): ids -> forward, backward
+    (the tables' update), dense Adam; one CUDA graph when every table is on the GPU."""
+    cuda = device.type == "cuda"
+    if args.shape == "dlrmv2":  # the dense layers only (tiny tables): the tables are coll's
+        model = base_model(args, dlrmv2_features([1] * len(MLPERF_ROWS), HOTNESS))
+    else:
+        model = build_model("dlrm", Features.categorical([2] * len(MLPERF_TABLES), 13), args.dim, seed=args.seed,
+                            **({"bottom_mlp": (16,), "top_mlp": (16,)} if args.small else ONEHOT_ARCH))
+    model.embeddings = coll
+    plan = RunPlan(device=str(device), embedding="fused", autocast="bf16" if cuda else "fp32",
+                   fp8=fp8_plan(args, {"fp8"} if args.dense == "fp8" else set()), align_linear=cuda,
+                   compile="head" if cuda else "off")
+    accelerate(model, plan, Runtime(0, 1, device.index or 0, device))
+    model.to(device)
+    graphed = cuda and coll.host is None
+    step = make_step(model, make_optimizers(model, [], OPTIM, naive=False, capturable=graphed, fused=cuda),
+                     device, autocast=cuda)
+    step = capture_step(step, device) if graphed else step
+    dense = torch.log1p(torch.rand(args.batch, 13, device=device) * 8)
+    return lambda ids: step(dense, ids, labels)
+
+
+def warm_up(coll, one_step, steps: int, most: int = 2000) -> int:
+    """`steps` steps, then more until every host cache is full (at most `most` in all): the steady state,
+    where each row read in evicts one, written back when a training batch changed it. Returns the steps."""
+    caches = list(coll.caches.values()) if isinstance(coll, EmbeddingCollection) else (
+        list(coll.host.caches.values()) if coll.host is not None else [])
+    done = 0
+    while done < steps or (done < most and any(bool((c.id_of[:c.cache_rows] < 0).any()) for c in caches)):
+        one_step()
+        done += 1
+    return done
 
 
 def restart_hit_rate(coll) -> None:
@@ -144,19 +195,42 @@ def time_side(tables, args, device: torch.device, budget: int | None) -> dict:
         step(turn["ids"], following)
         turn["ids"] = following
 
-    for _ in range(args.warmup):
-        one_step()
+    warmup = warm_up(coll, one_step, args.warmup)
     restart_hit_rate(coll)
     ms = median_ms(one_step, device, 0, args.iters)
+    moved = coll.host.bytes_moved() if isinstance(coll, FusedEmbeddingCollection) and coll.host else None
+    bus = pcie_rates(coll, moved[0] // args.iters, device) if moved and device.type == "cuda" else {}
     if args.profile and device.type == "cuda":
         write_profile(one_step, f"{args.profile}/host_tier-{'cached' if host else 'device'}.txt")
-    result = {"samples_per_s": args.batch / ms * 1e3, "step_ms": ms, "host_tables": len(host),
+    result = {"samples_per_s": args.batch / ms * 1e3, "step_ms": ms, "warmup_steps": warmup, "host_tables": len(host),
               "cache_rows": sum(host.values()), "cache_hit_rate": coll.cache_hit_rate(),
               "host_gib": sum(t.nbytes for t in host_tensors) / GIB,
+              "gb_per_step": {"read": moved[0] / args.iters / 1e9, "written": moved[1] / args.iters / 1e9} if moved else None,
+              "pcie_gb_per_s": bus,
               "gpu_peak_gib": torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None}
     del coll, step, host_tensors, turn
     release()
     return result
+
+
+def pcie_rates(coll: FusedEmbeddingCollection, nbytes: int, device: torch.device, repeats: int = 5) -> dict:
+    """GB/s between pinned host memory and the GPU: bulk copies of `nbytes` (the bus's rate) and
+    `copy_rows_kernel` reading then writing back as many distinct random rows of the largest host table
+    (weights only; the cache's access pattern): what the cached step's moves cost at best."""
+    host = max((c.host[0] for c in coll.host.caches.values()), key=lambda t: t.numel())
+    rows = max(1, min(nbytes // (host[0].numel() * host.element_size()), host.shape[0]))
+    pinned = torch.empty(rows * host[0].numel(), dtype=host.dtype, pin_memory=True)
+    onto = torch.empty(pinned.shape, dtype=host.dtype, device=device)
+    scratch = torch.empty((rows, *host.shape[1:]), dtype=host.dtype, device=device)
+    picked = torch.randperm(host.shape[0], device=device)[:rows]
+    order, count = torch.arange(rows, device=device), torch.tensor([rows], device=device)
+    moves = {"bulk_to_gpu": lambda: onto.copy_(pinned, non_blocking=True),
+             "bulk_to_host": lambda: pinned.copy_(onto, non_blocking=True),
+             "rows_to_gpu": lambda: copy_rows([host], picked, [scratch], order, count),
+             "rows_to_host": lambda: copy_rows([scratch], order, [host], picked, count)}  # the rows read, unchanged
+    moves["rows_to_gpu"]()
+    moved = rows * host[0].numel() * host.element_size()
+    return {name: moved / median_ms(move, device, 1, repeats) / 1e6 for name, move in moves.items()}
 
 
 def write_profile(one_step, path: str, steps: int = 3) -> None:
@@ -189,7 +263,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--small", action="store_true", help="tiny tables on the CPU, a budget of 30%% of them")
     p.add_argument("--profile", default="", help="folder: each side's GPU and CPU time per operation of 3 steps")
+    p.add_argument("--dense", choices=["none", "bf16", "fp8"], default="none",
+                   help="time the whole DLRMv2 training step, its dense part in this precision (fused path)")
     args = p.parse_args(argv)
+    if args.dense != "none" and args.path != "fused":
+        p.error("--dense times the fused path")
     onehot = args.shape == "onehot-dim256"
     args.dim = 256 if onehot else 128
     args.batch = args.batch or (65536 if onehot else 55296)
@@ -212,14 +290,17 @@ def main(argv: list[str] | None = None) -> dict:
     record = {"benchmark": "host_tier", "path": args.path, "shape": args.shape,
               "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "batch": args.batch, "dim": args.dim, "tables": len(tables),
+              "step": "tables" if args.dense == "none" else f"whole, dense in {args.dense}",
               "ids_per_sample": sum(t.length for t in tables),
               "table_gib": total / GIB, "budget_gib": budget / GIB, "optimizer": "adagrad (row-wise)",
               "device_samples_per_s": whole["samples_per_s"] if whole else None,
               "cached_samples_per_s": cached["samples_per_s"],
               "ratio": cached["samples_per_s"] / whole["samples_per_s"] if whole else None,
               "step_ms": {"device": whole["step_ms"] if whole else None, "cached": cached["step_ms"]},
+              "warmup_steps": cached["warmup_steps"],
               "cache_hit_rate": cached["cache_hit_rate"], "host_tables": cached["host_tables"],
               "cache_rows": cached["cache_rows"], "host_gib": cached["host_gib"],
+              "gb_per_step": cached["gb_per_step"], "pcie_gb_per_s": cached["pcie_gb_per_s"],
               "gpu_peak_gib": {"device": whole["gpu_peak_gib"] if whole else None, "cached": cached["gpu_peak_gib"]}}
     print(json.dumps(record))
     return record

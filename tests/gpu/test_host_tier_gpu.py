@@ -74,18 +74,24 @@ def test_fused_host_tables_on_a_gpu_train_like_tables_in_the_buffer(optimizer, s
         torch.testing.assert_close(got[key], expected[key], rtol=1e-4, atol=1e-6, msg=key)
 
 
-def test_the_copy_kernel_moves_rows_between_pinned_host_memory_and_the_gpu():
-    host = host_tensor((1000, 128), torch.float32, pinned=True)
-    host.copy_(torch.randn(1000, 128))
-    assert host.is_pinned()
-    dst = torch.zeros(64, 128, device="cuda")
+@pytest.mark.parametrize("parts", [1, 2, 3])  # weights; row-wise Adagrad's sum; Adam's two moments
+def test_the_copy_kernel_moves_rows_between_pinned_host_memory_and_the_gpu(parts):
+    shapes = [(1000, 128), (1000,), (1000, 128)][:parts] if parts < 3 else [(1000, 128)] * 3
+    host = [host_tensor(shape, torch.float32, pinned=True) for shape in shapes]
+    for h in host:
+        h.copy_(torch.randn(h.shape))
+    assert all(h.is_pinned() for h in host)
+    dst = [torch.zeros(64, *shape[1:], device="cuda") for shape in shapes]
     rows = torch.tensor([5, -1, 999, 0, 17], device="cuda")
     slots = torch.tensor([3, 4, 0, 63, 9], device="cuda")
     copy_rows(host, rows, dst, slots, torch.tensor([4], device="cuda"))  # the fifth lies beyond the count
-    assert torch.equal(dst[[3, 0, 63]].cpu(), host[[5, 999, 0]]) and not dst[[4, 9]].any()
+    for h, d in zip(host, dst):
+        assert torch.equal(d[[3, 0, 63]].cpu(), h[[5, 999, 0]]) and not d[[4, 9]].any()
+        d[0] += 1
     copy_rows(dst, slots, host, rows, torch.tensor([4], device="cuda"))
     torch.cuda.synchronize()
-    assert torch.equal(host[999], dst[0].cpu())
+    for h, d in zip(host, dst):
+        assert torch.equal(h[999], d[0].cpu())
 
 
 def test_a_steady_fused_step_with_host_tables_reads_nothing_back_to_the_host():

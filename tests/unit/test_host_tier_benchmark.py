@@ -28,3 +28,12 @@ def test_small_run_prints_one_json_line_comparing_cached_and_device_tables(capsy
 def test_the_one_hot_dim_256_shape_reports_its_cached_side(capsys):
     record = runpy.run_path(str(SCRIPT))["main"](["--small", "--shape", "onehot-dim256"])
     assert record["ids_per_sample"] == 26 and record["host_tables"] > 0 and record["cached_samples_per_s"] > 0
+
+
+@pytest.mark.parametrize("shape", ["dlrmv2", "onehot-dim256"])
+def test_the_whole_training_step_compares_cached_and_device_tables(capsys, shape):
+    record = runpy.run_path(str(SCRIPT))["main"](["--small", "--shape", shape, "--dense", "bf16"])
+    assert record["step"] == "whole, dense in bf16" and record["host_tables"] > 0
+    assert record["device_samples_per_s"] > 0 and record["cached_samples_per_s"] > 0
+    # timed once every cache is full: each row read in evicts one, written back (a training batch changed it)
+    assert record["gb_per_step"]["read"] > 0 and record["gb_per_step"]["written"] > 0

@@ -5,7 +5,10 @@ slot numbers (`ctrflow.embedding.fused.cache.SlotCache.place`), the other column
 `prefetch(ids)` does this for a batch ahead of its lookup and queues the result; the lookup takes the
 queued batches in order, or places its batch in line when none is queued. On CUDA a prefetch runs on
 a side stream after the work queued before it (the ids, the steps whose rows it may evict), so the
-next batch's rows move while the current step runs, and the lookup waits for it. A prefetch never
+next batch's rows move while the current step runs, and the lookup waits for it. On CUDA a training
+batch's placement is captured as a CUDA graph the second time its shape comes (the first compiles its
+kernels) and replayed from then on: it reads nothing back to the host, so its hundreds of small
+operations need not be launched one by one. A prefetch never
 evicts the rows of the batch before it, so at most one batch may be queued ahead of the next lookup
 (`ctrflow train` prefetches the next batch just before each step). A lookup without gradients (an
 evaluation between steps) drops the queued batches, whose rows stay cached, and places in line.
@@ -28,6 +31,9 @@ class CachedTables:
         self.caches, self.columns = caches, columns
         self.queued: deque = deque()  # (ids shape, ids for the kernels, ready event or None)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # (ids shape, the parts' addresses) -> "eager once", then (CUDA graph, its ids, its output): a
+        # training batch's placement is some 100 small operations a host table, replayed as one graph
+        self.graphs: dict = {}
 
     def prefetch(self, ids: torch.Tensor, parts: list[torch.Tensor], train: bool = True) -> None:
         """Place batch `ids` [B, S] now (its step comes later) and queue it for `lookup_ids`."""
@@ -55,10 +61,31 @@ class CachedTables:
         return take_queued(self.queued, ids)
 
     def _translate(self, ids: torch.Tensor, parts: list[torch.Tensor], train: bool) -> torch.Tensor:
+        for name, cache in self.caches.items():
+            a, b = self.columns[name]
+            cache.reserve(ids.shape[0] * (b - a))
+        if not (ids.is_cuda and train):  # evaluation's batches place eagerly: rare, and large to capture
+            return self._place(ids, parts, train)
+        key = (tuple(ids.shape), tuple(p.data_ptr() for p in parts))
+        placement = self.graphs.get(key)
+        if placement is None:  # the first batch of a shape runs eagerly: it compiles the kernels
+            self.graphs[key] = "eager once"
+            return self._place(ids, parts, train)
+        if placement == "eager once":
+            static, graph = ids.clone(), torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # a loader thread may copy meanwhile
+                out = self._place(static, parts, train)
+            placement = self.graphs[key] = (graph, static, out)
+        graph, static, out = placement
+        static.copy_(ids)
+        graph.replay()
+        return out.clone()  # the next replay rewrites `out` while this batch's step may still read it
+
+    def _place(self, ids: torch.Tensor, parts: list[torch.Tensor], train: bool) -> torch.Tensor:
         out = ids.clone()
         for name, cache in self.caches.items():
             a, b = self.columns[name]
-            out[:, a:b] = cache.place(ids[:, a:b].reshape(-1), parts, train).view(ids.shape[0], b - a)
+            out[:, a:b] = cache.place_tensors(ids[:, a:b].reshape(-1), parts, train).view(ids.shape[0], b - a)
         return out
 
     def drop(self) -> None:
@@ -80,5 +107,14 @@ class CachedTables:
 
     def hit_rate(self) -> float | None:
         """Share of the distinct rows looked up per batch that were already cached (None: none yet)."""
-        looked_up, hits = (int(x) for x in sum(c.stats for c in self.caches.values()).tolist())
+        looked_up, hits = (int(x) for x in sum(c.stats for c in self.caches.values())[:2].tolist())
         return hits / looked_up if looked_up else None
+
+    def bytes_moved(self) -> tuple[int, int]:
+        """(bytes read into the caches, bytes written back to host memory) so far, rows with their state."""
+        read = written = 0
+        for cache in self.caches.values():
+            _, _, rows_in, rows_out = (int(x) for x in cache.stats.tolist())
+            row_bytes = sum(h[0].numel() * h.element_size() for h in cache.host)
+            read, written = read + rows_in * row_bytes, written + rows_out * row_bytes
+        return read, written
