@@ -22,12 +22,13 @@ it is the whole training step instead: the DLRMv2 shape's DCNv2 as `benchmarks/d
 trains it, the one-hot shape's DLRM as `benchmarks/sharded_scale.py` does (bottom 512-256, top
 1024-1024-512-256), the head compiled, dense Adam, graphed where every table is on the GPU (as `ctrflow
 train` runs it), eager with host tables, whose next rows then move beside the dense work. `device` keeps
-every table on the GPU; `cached` keeps the tables within `--budget-gib` of GPU memory (weights and Adagrad state;
-`place_in_budget`) and the others in pinned host memory with caches filling the rest of the budget.
-Each side is built alone (the other freed first); samples/s from the median step of `--iters` steps
-after `--warmup` steps and, on the cached side, as many more as fill every cache (the steady state: each
-row read in evicts one; the cache's hit rate and the bytes moved counted after the warmup). `--small` runs on the CPU in seconds
-with a budget of 30 % of the tables' bytes. Prints one JSON line. Imports only torch and ctrflow.
+every table on the GPU; `cached` keeps the tables within `--budget-gib` of GPU memory (weights and
+Adagrad state; `place_in_budget`) and the others in pinned host memory with caches filling the rest of
+the budget. Each side is built alone (the other freed first); samples/s from the median step of
+`--iters` steps after `--warmup` steps and, on the cached side, as many more as fill every cache (the
+steady state: each row read in evicts one; the hit rate and the bytes moved are counted after the
+warmup). The record also gives the bus's rates (`pcie_rates`). `--small` runs on the CPU in seconds with
+a budget of 30 % of the tables' bytes. Prints one JSON line. Imports only torch, triton and ctrflow.
 """
 
 from __future__ import annotations
@@ -42,13 +43,13 @@ import torch
 
 from ctrflow.accel.accelerate import accelerate
 from ctrflow.accel.plan import RunPlan
+from ctrflow.contract.features import Features
 from ctrflow.embedding.collection import EmbeddingCollection, deferred_tables
 from ctrflow.embedding.fused import FusedEmbeddingCollection
 from ctrflow.embedding.fused.cache import copy_rows
 from ctrflow.embedding.optimizers import SparseOptimizer, state_bytes
 from ctrflow.embedding.placement import HostTier, place_in_budget
 from ctrflow.embedding.plan import plan_sharding
-from ctrflow.contract.features import Features
 from ctrflow.embedding.tables import TableConfig
 from ctrflow.models import build_model
 from ctrflow.runtime import Runtime
@@ -124,7 +125,11 @@ def build(tables, args, device: torch.device, host: dict[str, int]):
     bf16 = torch.bfloat16 if device.type == "cuda" else torch.float32
     coll = FusedEmbeddingCollection(tables, seed=args.seed, optimizer="rowwise_adagrad", lr=args.lr,
                                     output_dtype=bf16, device=device, check_ids=False, host=host)
-    train = dense_step(coll, args, device, labels) if args.dense != "none" else lambda ids: loss_of(coll(ids)).backward()
+    if args.dense != "none":
+        train = dense_step(coll, args, device, labels)
+    else:
+        def train(ids):
+            loss_of(coll(ids)).backward()
 
     def step(ids, following):
         if coll.host is not None:  # as `ctrflow train`: this batch queued, the next one placed beside the step
@@ -202,10 +207,11 @@ def time_side(tables, args, device: torch.device, budget: int | None) -> dict:
     bus = pcie_rates(coll, moved[0] // args.iters, device) if moved and device.type == "cuda" else {}
     if args.profile and device.type == "cuda":
         write_profile(one_step, f"{args.profile}/host_tier-{'cached' if host else 'device'}.txt")
-    result = {"samples_per_s": args.batch / ms * 1e3, "step_ms": ms, "warmup_steps": warmup, "host_tables": len(host),
-              "cache_rows": sum(host.values()), "cache_hit_rate": coll.cache_hit_rate(),
+    result = {"samples_per_s": args.batch / ms * 1e3, "step_ms": ms, "warmup_steps": warmup,
+              "host_tables": len(host), "cache_rows": sum(host.values()), "cache_hit_rate": coll.cache_hit_rate(),
               "host_gib": sum(t.nbytes for t in host_tensors) / GIB,
-              "gb_per_step": {"read": moved[0] / args.iters / 1e9, "written": moved[1] / args.iters / 1e9} if moved else None,
+              "gb_per_step": {"read": moved[0] / args.iters / 1e9, "written": moved[1] / args.iters / 1e9}
+              if moved else None,
               "pcie_gb_per_s": bus,
               "gpu_peak_gib": torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None}
     del coll, step, host_tensors, turn
@@ -264,7 +270,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--small", action="store_true", help="tiny tables on the CPU, a budget of 30%% of them")
     p.add_argument("--profile", default="", help="folder: each side's GPU and CPU time per operation of 3 steps")
     p.add_argument("--dense", choices=["none", "bf16", "fp8"], default="none",
-                   help="time the whole DLRMv2 training step, its dense part in this precision (fused path)")
+                   help="time the whole training step, its dense part in this precision (fused path)")
     args = p.parse_args(argv)
     if args.dense != "none" and args.path != "fused":
         p.error("--dense times the fused path")

@@ -22,8 +22,8 @@ part (the batch's size against the cache), `place_tensors` the rest, which a CUD
 - Moves: victims holding rows a training batch looked up (dirty) are written back to host memory
   with their state, then the missing rows and their state are read in: on a GPU by
   `kernels.copy_rows_kernel`, which reads and writes pinned host memory directly and reads the row
-  count on the device; elsewhere by torch indexing. `stats` counts
-  the distinct rows looked up and found cached, and the rows read in and written back.
+  count on the device; elsewhere by torch indexing.
+- `stats` counts the distinct rows looked up and found cached, and the rows read in and written back.
 - A multi-hot table's padding row 0 stays in slot 0 (the kernels skip id 0 of a bag).
 """
 

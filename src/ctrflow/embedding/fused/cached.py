@@ -5,13 +5,14 @@ slot numbers (`ctrflow.embedding.fused.cache.SlotCache.place`), the other column
 `prefetch(ids)` does this for a batch ahead of its lookup and queues the result; the lookup takes the
 queued batches in order, or places its batch in line when none is queued. On CUDA a prefetch runs on
 a side stream after the work queued before it (the ids, the steps whose rows it may evict), so the
-next batch's rows move while the current step runs, and the lookup waits for it. On CUDA a training
-batch's placement is captured as a CUDA graph the second time its shape comes (the first compiles its
-kernels) and replayed from then on: it reads nothing back to the host, so its hundreds of small
-operations need not be launched one by one. A prefetch never
+next batch's rows move while the current step runs, and the lookup waits for it. A prefetch never
 evicts the rows of the batch before it, so at most one batch may be queued ahead of the next lookup
 (`ctrflow train` prefetches the next batch just before each step). A lookup without gradients (an
 evaluation between steps) drops the queued batches, whose rows stay cached, and places in line.
+
+On CUDA a training batch's placement is captured as a CUDA graph the second time its shape comes (the
+first compiles its kernels) and replayed from then on: it reads nothing back to the host, so its
+hundreds of small operations need not be launched one by one.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class CachedTables:
         return take_queued(self.queued, ids)
 
     def _translate(self, ids: torch.Tensor, parts: list[torch.Tensor], train: bool) -> torch.Tensor:
+        """`ids` with the host tables' columns as slots, every row placed (the module doc)."""
         for name, cache in self.caches.items():
             a, b = self.columns[name]
             cache.reserve(ids.shape[0] * (b - a))
