@@ -32,8 +32,8 @@ class CachedTables:
         self.caches, self.columns = caches, columns
         self.queued: deque = deque()  # (ids shape, ids for the kernels, ready event or None)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        # (ids shape, the parts' addresses) -> "eager once", then (CUDA graph, its ids, its output): a
-        # training batch's placement is some 100 small operations a host table, replayed as one graph
+        # (ids shape, the parts' addresses) -> None once placed eagerly, then (CUDA graph, its ids, its
+        # output): a training batch's placement is some 100 small operations a host table, replayed as one
         self.graphs: dict = {}
 
     def prefetch(self, ids: torch.Tensor, parts: list[torch.Tensor], train: bool = True) -> None:
@@ -69,16 +69,15 @@ class CachedTables:
         if not (ids.is_cuda and train):  # evaluation's batches place eagerly: rare, and large to capture
             return self._place(ids, parts, train)
         key = (tuple(ids.shape), tuple(p.data_ptr() for p in parts))
-        placement = self.graphs.get(key)
-        if placement is None:  # the first batch of a shape runs eagerly: it compiles the kernels
-            self.graphs[key] = "eager once"
+        if key not in self.graphs:  # the first batch of a shape runs eagerly: it compiles the kernels
+            self.graphs[key] = None
             return self._place(ids, parts, train)
-        if placement == "eager once":
+        if self.graphs[key] is None:
             static, graph = ids.clone(), torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # a loader thread may copy meanwhile
                 out = self._place(static, parts, train)
-            placement = self.graphs[key] = (graph, static, out)
-        graph, static, out = placement
+            self.graphs[key] = (graph, static, out)
+        graph, static, out = self.graphs[key]
         static.copy_(ids)
         graph.replay()
         return out.clone()  # the next replay rewrites `out` while this batch's step may still read it
