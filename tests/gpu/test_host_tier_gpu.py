@@ -76,7 +76,7 @@ def test_fused_host_tables_on_a_gpu_train_like_tables_in_the_buffer(optimizer, s
 
 @pytest.mark.parametrize("parts", [1, 2, 3])  # weights; row-wise Adagrad's sum; Adam's two moments
 def test_the_copy_kernel_moves_rows_between_pinned_host_memory_and_the_gpu(parts):
-    shapes = [(1000, 128), (1000,), (1000, 128)][:parts] if parts < 3 else [(1000, 128)] * 3
+    shapes = [(1000, 128), (1000,), (1000, 128)][:parts]
     host = [host_tensor(shape, torch.float32, pinned=True) for shape in shapes]
     for h in host:
         h.copy_(torch.randn(h.shape))
