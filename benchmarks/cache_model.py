@@ -11,8 +11,8 @@ row while it was looked up within the last T batches, so (Che's approximation) i
 probability 1 - exp(-lambda_k T), T chosen so these fill the cache, and a step misses sum_k (1 - exp(-lambda_k))
 exp(-lambda_k T) rows. For independent draws no cache beats holding the C most likely rows: it misses the
 lookups of the others, sum_{k > C} (1 - exp(-lambda_k)) rows a step. Every miss is read in and, in the steady
-state, evicts a row a training batch changed, written back. `--rows-per-s` (the copy kernel's measured rate
-of random rows, `host_tier.py`'s `pcie_gb_per_s`) turns the rows into milliseconds a step. Prints one JSON
+state, evicts a row a training batch changed, written back. `--rows-per-s` (a measured rate of random rows
+each way, from `host_tier.py`'s `pcie_gb_per_s`) turns the rows into milliseconds a step. Prints one JSON
 line. Imports numpy, torch and ctrflow.
 """
 
@@ -64,7 +64,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=55296)
     p.add_argument("--row-cap", type=int, default=0, help="cap every table's rows (0: MLPerf's sizes)")
     p.add_argument("--rows-per-s", type=float, default=0.0,
-                   help="random rows a second the copy kernel moves each way (0: no times)")
+                   help="random rows a second moved each way (0: no times)")
     args = p.parse_args(argv)
     args.shape, args.dim = "dlrmv2", 128  # what `host_tier.shape_tables` reads
     return args

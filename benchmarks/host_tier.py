@@ -23,7 +23,7 @@ trains it, the one-hot shape's DLRM as `benchmarks/sharded_scale.py` does (botto
 1024-1024-512-256), the head compiled, dense Adam, graphed where every table is on the GPU (as `ctrflow
 train` runs it), eager with host tables, whose next rows then move beside the dense work. `device` keeps
 every table on the GPU; `cached` keeps the tables within `--budget-gib` of GPU memory (weights and
-Adagrad state; `place_in_budget`) and the others in pinned host memory with caches filling the rest of
+Adagrad state; `place_in_budget`) and the others in host memory with caches filling the rest of
 the budget. Each side is built alone (the other freed first); samples/s from the median step of
 `--iters` steps after `--warmup` steps and, on the cached side, as many more as fill every cache (the
 steady state: each row read in evicts one; the hit rate and the bytes moved are counted after the
@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -46,7 +47,6 @@ from ctrflow.accel.plan import RunPlan
 from ctrflow.contract.features import Features
 from ctrflow.embedding.collection import EmbeddingCollection, deferred_tables
 from ctrflow.embedding.fused import FusedEmbeddingCollection
-from ctrflow.embedding.fused.cache import copy_rows
 from ctrflow.embedding.optimizers import SparseOptimizer, state_bytes
 from ctrflow.embedding.placement import HostTier, place_in_budget
 from ctrflow.embedding.plan import plan_sharding
@@ -220,20 +220,24 @@ def time_side(tables, args, device: torch.device, budget: int | None) -> dict:
 
 
 def pcie_rates(coll: FusedEmbeddingCollection, nbytes: int, device: torch.device, repeats: int = 5) -> dict:
-    """GB/s between pinned host memory and the GPU: bulk copies of `nbytes` (the bus's rate) and
-    `copy_rows_kernel` reading then writing back as many distinct random rows of the largest host table
-    (weights only; the cache's access pattern): what the cached step's moves cost at best."""
+    """GB/s between pinned host memory and the GPU: bulk copies of `nbytes` (the bus's rate), and as many
+    distinct random rows of the largest host table (weights only; the cache's access pattern) moved as
+    the cache moves them: gathered by the CPU into pinned memory and copied to the GPU, and back."""
     host = max((c.host[0] for c in coll.host.caches.values()), key=lambda t: t.numel())
     rows = max(1, min(nbytes // (host[0].numel() * host.element_size()), host.shape[0]))
-    pinned = torch.empty(rows * host[0].numel(), dtype=host.dtype, pin_memory=True)
+    picked = torch.randperm(host.shape[0])[:rows]
+    pinned = torch.empty((rows, *host.shape[1:]), dtype=host.dtype, pin_memory=True)
     onto = torch.empty(pinned.shape, dtype=host.dtype, device=device)
-    scratch = torch.empty((rows, *host.shape[1:]), dtype=host.dtype, device=device)
-    picked = torch.randperm(host.shape[0], device=device)[:rows]
-    order, count = torch.arange(rows, device=device), torch.tensor([rows], device=device)
+
+    def rows_to_host():
+        pinned.copy_(onto, non_blocking=True)
+        torch.cuda.current_stream(device).synchronize()
+        host.index_copy_(0, picked, pinned)
+
     moves = {"bulk_to_gpu": lambda: onto.copy_(pinned, non_blocking=True),
              "bulk_to_host": lambda: pinned.copy_(onto, non_blocking=True),
-             "rows_to_gpu": lambda: copy_rows([host], picked, [scratch], order, count),
-             "rows_to_host": lambda: copy_rows([scratch], order, [host], picked, count)}  # the rows read, unchanged
+             "rows_to_gpu": lambda: onto.copy_(torch.index_select(host, 0, picked, out=pinned), non_blocking=True),
+             "rows_to_host": rows_to_host}  # the rows read, unchanged
     moves["rows_to_gpu"]()
     moved = rows * host[0].numel() * host.element_size()
     return {name: moved / median_ms(move, device, 1, repeats) / 1e6 for name, move in moves.items()}
@@ -248,6 +252,7 @@ def write_profile(one_step, path: str, steps: int = 3) -> None:
             one_step()
         torch.cuda.synchronize()
     table = prof.key_averages()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
         f.write(f"{steps} steps, by GPU time\n")
         f.write(table.table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=60))

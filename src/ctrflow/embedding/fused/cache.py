@@ -2,11 +2,11 @@
 
 `FusedEmbeddingCollection` keeps a table the plan places in host memory as `cache_rows` rows of its
 one buffer (the slots), their optimizer state in `row_state`, and the whole table, weights and state,
-in host memory (`host`; pinned when the buffer is on a GPU). A batch's ids of the table become slot
-numbers (`place`), and the usual gather, bag and update kernels run on them unchanged. The bookkeeping
-lives beside the buffer, and placing a batch reads nothing back to the host: `reserve` does the host's
-part (the batch's size against the cache), `place_tensors` the rest, which a CUDA graph can hold
-(`ctrflow.embedding.fused.cached` replays it):
+in host memory (`host`). A batch's ids of the table become slot numbers (`place`), and the usual gather,
+bag and update kernels run on them unchanged. The bookkeeping lives beside the buffer. Placing a batch
+is three parts: `reserve`, the host's check of the batch's size against the cache; `place_tensors`,
+the bookkeeping, which reads nothing back to the host, so a CUDA graph can hold it
+(`ctrflow.embedding.fused.cached` replays it); and `move`, the rows' copies it decides:
 
 - `slot_of` [rows] int32 (-1: not cached), `id_of` [C] int64 (-1: empty), `used` [C] int64 (the
   number of the last batch that looked the slot up, counted by `clock` on the device), `dirty` [C]
@@ -20,30 +20,37 @@ part (the batch's size against the cache), `place_tensors` the rest, which a CUD
   step may still be running beside a prefetch), so a cache that holds two batches' ids always has
   room; a smaller one is refused before the batch is placed (the batch's size is known on the host).
 - Moves: victims holding rows a training batch looked up (dirty) are written back to host memory
-  with their state, then the missing rows and their state are read in: on a GPU by
-  `kernels.copy_rows_kernel`, which reads and writes pinned host memory directly and reads the row
-  count on the device; elsewhere by torch indexing.
+  with their state, and the missing rows and their state are read in. The CPU gathers and scatters
+  the rows in host memory (many threads: random rows at tens of GB/s) and the GPU in its own memory,
+  and each batch's rows cross the bus in one bulk copy each way, which the copy engines run beside
+  the step. The GPU reading host rows one by one instead moves about 29 M rows a second and slows the
+  step's kernels beside it (benchmarks/NOTES.md, "Tables in host memory"). The copies' sizes are the
+  one value `move` reads back.
 - `stats` counts the distinct rows looked up and found cached, and the rows read in and written back.
 - A multi-hot table's padding row 0 stays in slot 0 (the kernels skip id 0 of a bag).
 """
 
 from __future__ import annotations
 
-import weakref
+from typing import Callable, NamedTuple
 
 import torch
 
-from ctrflow.embedding.fused import ops
 from ctrflow.errors import UserError
 
 NEVER = -1  # `used` of an empty slot (the oldest age)
 PINNED = 2**62  # `used` of the padding slot: never a victim
 AGES = 64  # age buckets: few enough for torch.histc to count them in shared memory
-COPY_ROWS = 32  # rows a program of `copy_rows_kernel` moves at a time
-# its programs an SM, each looping over blocks: a grid covering every row launched tens of thousands of
-# programs, most finding no row, and moved rows no faster (benchmarks/NOTES.md, "Tables in host memory")
-COPY_PROGRAMS = 2
-REGISTER_BYTES = 1 << 26  # host tensors this large are pinned in place (cudaHostRegister), not copied
+
+
+class Moves(NamedTuple):
+    """The copies a placement decided, on the buffer's device: rows `rows_in` of host memory into slots
+    `slots_in`, slots `slots_out` to rows `rows_out`, each list packed first, `counts` [2] long."""
+    rows_in: torch.Tensor
+    slots_in: torch.Tensor
+    slots_out: torch.Tensor
+    rows_out: torch.Tensor
+    counts: torch.Tensor
 
 
 class SlotCache:
@@ -55,7 +62,7 @@ class SlotCache:
     def __init__(self, rows: int, start: int, cache_rows: int, padding: bool, parts: list[torch.Tensor]):
         device = parts[0].device
         self.rows, self.start, self.cache_rows, self.padding = rows, start, cache_rows, padding
-        self.host = [host_tensor((rows, *p.shape[1:]), p.dtype, device.type == "cuda") for p in parts]
+        self.host = [torch.empty((rows, *p.shape[1:]), dtype=p.dtype) for p in parts]
         for state in self.host[1:]:
             state.zero_()
         self.slot_of = torch.full((rows + 1,), -1, dtype=torch.int32, device=device)
@@ -84,30 +91,39 @@ class SlotCache:
         """The slots of flat `ids` (int64 [N]), every row brought into the cache; `train`: the batch's
         step updates the rows (written back when evicted)."""
         self.reserve(ids.numel())
-        return self.place_tensors(ids, parts, train)
+        slots, moves = self.place_tensors(ids, parts, train)
+        self.move(moves, parts)()
+        return slots
 
     @torch.no_grad()
-    def place_tensors(self, ids: torch.Tensor, parts: list[torch.Tensor], train: bool) -> torch.Tensor:
-        """`place` after `reserve`: tensor work only, no value read back, so a CUDA graph can hold it."""
+    def place_tensors(self, ids: torch.Tensor, parts: list[torch.Tensor], train: bool) -> tuple[torch.Tensor, Moves]:
+        """`place` after `reserve`, without the rows' moves: the slots of `ids`, with every row mapped,
+        and the `Moves` that bring the rows there (`move`). Tensor work only, no value read back, so a
+        CUDA graph can hold it."""
         if not ids.numel():
-            return ids.clone()
+            return ids.clone(), Moves(*(ids.new_full((0,), -1) for _ in range(4)), ids.new_zeros(2))
         self.clock += 1
         stamp = self.clock.expand(ids.numel())  # scatter_, not index_fill_ with a tensor value (that reads it)
         slot = self.slot_of[ids]
         hit = slot >= 0
         self.used.scatter_(0, torch.where(hit, slot.long(), self.cache_rows), stamp)  # hits: never victims
-        missing, count = self._misses(ids, hit)
+        (missing,), count = self._misses(ids, hit)
         hits = (self.used[:self.cache_rows] == self.clock).sum()
         victims = self._victims(count, ids.numel())
-        cache = self._cache(parts)
-        written = self._evict(victims, count, cache)
-        self.stats += torch.stack([hits + count[0], hits, count[0], written])
-        self._load(victims, missing, count, cache)
+        old = self.id_of[victims]
+        back = self.dirty[victims] & (old >= 0)  # evicted rows a training batch changed: written back
+        (back_slots, back_rows), written = _pack(back, [victims, old], ids.numel(), -1)
+        self.stats += torch.stack([hits + count[0], hits, count[0], written[0]])
+        self.slot_of.index_fill_(0, torch.where(old >= 0, old, self.rows), -1)
+        self.slot_of[torch.where(missing >= 0, missing, self.rows)] = victims.to(torch.int32)
+        self.slot_of[self.rows:].fill_(-1)
+        self.id_of[victims] = missing
+        self.dirty.index_fill_(0, victims, False)
         slots = self.slot_of[ids].long()
         self.used.scatter_(0, slots, stamp)
         if train:
             self.dirty.index_fill_(0, slots, True)
-        return slots
+        return slots, Moves(missing, victims, back_slots, back_rows, torch.cat([count, written]))
 
     def _misses(self, ids: torch.Tensor, hit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the rows of `ids` not cached, each once, packed first in [N] (-1 after), their count [1])."""
@@ -117,7 +133,7 @@ class SlotCache:
         self.slot_of.scatter_reduce_(0, torch.where(hit, spare, ids), torch.where(hit, -1, code), "amin")
         first = ~hit & (self.slot_of[ids] == code)
         self.slot_of[spare:].fill_(-1)  # a slice's fill_: `t[i] = scalar` would copy the scalar over, a sync
-        return _pack(first, ids, n, -1)
+        return _pack(first, [ids], n, -1)
 
     def _victims(self, count: torch.Tensor, n: int) -> torch.Tensor:
         """[n] slots: the `count` least recently used first (outside this batch and the previous one),
@@ -135,33 +151,46 @@ class SlotCache:
         at_last = age == last
         take = (age > last) | (at_last & (torch.cumsum(at_last, 0) <= count - beyond))
         take &= age > 0
-        return _pack(take, torch.arange(c, device=age.device), n, c)[0]
+        return _pack(take, [torch.arange(c, device=age.device)], n, c)[0][0]
 
-    def _evict(self, victims: torch.Tensor, count: torch.Tensor, cache: list[torch.Tensor]) -> torch.Tensor:
-        """Write the dirty rows of `victims` back (with their state) and unmap them; returns how many
-        were written []."""
-        old = self.id_of[victims]
-        back = self.dirty[victims] & (old >= 0)
-        src, dst = torch.where(back, victims, -1), torch.where(back, old, -1)
-        copy_rows(cache, src, self.host, dst, count)
-        self.slot_of.index_fill_(0, torch.where(old >= 0, old, self.rows), -1)
-        return back.sum()
+    @torch.no_grad()
+    def move(self, moves: Moves, parts: list[torch.Tensor]) -> Callable[[], None]:
+        """Start the copies of `moves` (on the current stream): the rows leaving are gathered on the
+        device and copied out, the rows arriving gathered in host memory, copied in and scattered into
+        their slots. Returns what ends the write-back: it waits for the rows leaving and scatters them
+        into host memory. Call it before the next `move` reads host memory (the rows leaving are not
+        among those arriving, so it may run while the step reads the rows that arrived)."""
+        n_in, n_out = (int(n) for n in moves.counts.tolist())  # the one value read back: the copies' sizes
+        device, cuda = parts[0].device, parts[0].is_cuda
+        rows = torch.cat([moves.rows_in[:n_in], moves.rows_out[:n_out]]).cpu()
+        cache = self._cache(parts)
+        leaving = []
+        for c in cache if n_out else []:  # before the rows arriving take their slots
+            leaving.append(torch.empty((n_out, *c.shape[1:]), dtype=c.dtype, pin_memory=cuda))
+            leaving[-1].copy_(c[moves.slots_out[:n_out]], non_blocking=True)
+        left = torch.cuda.Event() if cuda else None
+        if left is not None:
+            left.record()
+        for h, c in zip(self.host, cache) if n_in else []:
+            # a pinned block is reused only after the copies queued from it ran (torch's host allocator)
+            staged = torch.empty((n_in, *h.shape[1:]), dtype=h.dtype, pin_memory=cuda)
+            torch.index_select(h, 0, rows[:n_in], out=staged)
+            c.index_copy_(0, moves.slots_in[:n_in], staged.to(device, non_blocking=True))
 
-    def _load(self, victims: torch.Tensor, missing: torch.Tensor, count: torch.Tensor,
-              cache: list[torch.Tensor]) -> None:
-        """Read the `missing` rows (and their state) into `victims` and map them."""
-        copy_rows(self.host, missing, cache, victims, count)
-        self.slot_of[torch.where(missing >= 0, missing, self.rows)] = victims.to(torch.int32)
-        self.slot_of[self.rows:].fill_(-1)
-        self.id_of[victims] = missing
-        self.dirty.index_fill_(0, victims, False)
+        def write_back() -> None:
+            if left is not None:
+                left.synchronize()
+            for h, rows_out in zip(self.host, leaving):
+                h.index_copy_(0, rows[n_in:], rows_out)
+        return write_back
 
     @torch.no_grad()
     def flush(self, parts: list[torch.Tensor]) -> None:
         """Write every dirty cached row and its state back to host memory (the rows stay cached)."""
         slots = self.dirty[:self.cache_rows].nonzero().squeeze(1)  # a host read: checkpoints only
-        count = torch.tensor([slots.numel()], device=slots.device)
-        copy_rows(self._cache(parts), slots, self.host, self.id_of[slots], count)
+        rows = self.id_of[slots].cpu()
+        for h, c in zip(self.host, self._cache(parts)):
+            h.index_copy_(0, rows, c[slots].cpu())
         self.dirty.zero_()
 
     @torch.no_grad()
@@ -174,54 +203,19 @@ class SlotCache:
         self.dirty.zero_()
         self.last_ids = 0
         if self.padding and self.cache_rows:
-            zero = torch.zeros(1, dtype=torch.int64, device=self.used.device)
-            copy_rows(self.host, zero, self._cache(parts), zero, zero + 1)
+            for h, c in zip(self.host, self._cache(parts)):
+                c[:1].copy_(h[:1])
             self.slot_of[:1].zero_()
             self.id_of[:1].zero_()
             self.used[:1].fill_(PINNED)
 
 
-def _pack(mask: torch.Tensor, values: torch.Tensor, n: int, fill: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """([n]: `values` where `mask`, in order, then `fill`; how many [1]), without a host read."""
+def _pack(mask: torch.Tensor, values: list[torch.Tensor], n: int, fill: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """(each of `values` where `mask`, in order, then `fill`, [n]; how many [1]), without a host read."""
     order = torch.cumsum(mask, 0) - 1
-    packed = torch.full((n + 1,), fill, dtype=values.dtype, device=values.device)
-    packed[torch.where(mask & (order < n), order, n)] = values
-    return packed[:n], mask.sum().view(1)
-
-
-def copy_rows(srcs: list[torch.Tensor], src_rows: torch.Tensor, dsts: list[torch.Tensor], dst_rows: torch.Tensor,
-              count: torch.Tensor) -> None:
-    """dst[dst_rows[i]] = src[src_rows[i]] for each pair of parts (a row's weights, then its optimizer
-    state) and i < count[0] where both rows are >= 0; either side may be in (pinned) host memory, the
-    other on the device."""
-    if (srcs[0].is_cuda or dsts[0].is_cuda) and ops.kernels is not None:
-        if src_rows.numel():
-            programs = COPY_PROGRAMS * torch.cuda.get_device_properties(src_rows.device).multi_processor_count
-            grid = (min(ops.triton.cdiv(src_rows.numel(), COPY_ROWS), programs),)
-            for src, dst in zip(srcs, dsts):
-                width = src[0].numel()
-                ops.kernels.copy_rows_kernel[grid](src, src_rows, dst, dst_rows, count, W=width,
-                                                   BLOCK_W=max(16, ops.triton.next_power_of_2(width)),
-                                                   BLOCK_N=COPY_ROWS, num_warps=4)
-        return
-    n = int(count[0])  # the torch path reads the count back (CPU, or CUDA without Triton)
-    s, d = src_rows[:n], dst_rows[:n]
-    ok = (s >= 0) & (d >= 0)
-    for src, dst in zip(srcs, dsts):
-        dst[d[ok].to(dst.device)] = src[s[ok].to(src.device)].to(dst.device)
-
-
-def host_tensor(shape: tuple[int, ...], dtype: torch.dtype, pinned: bool) -> torch.Tensor:
-    """An empty host tensor, page-locked where `pinned` (the GPU reads and writes it directly). A large
-    one is allocated as usual and registered with CUDA where it lies: the pinned allocator would round
-    it up to a power of two (a 20 GB table taking 32 GB)."""
-    if not pinned:
-        return torch.empty(shape, dtype=dtype)
-    out = torch.empty(shape, dtype=dtype)
-    nbytes = out.untyped_storage().nbytes()
-    if nbytes >= REGISTER_BYTES:
-        cudart = torch.cuda.cudart()
-        if int(cudart.cudaHostRegister(out.data_ptr(), nbytes, 0)) == 0:
-            weakref.finalize(out, cudart.cudaHostUnregister, out.data_ptr())
-            return out
-    return torch.empty(shape, dtype=dtype, pin_memory=True)
+    at = torch.where(mask & (order < n), order, n)
+    packed = []
+    for v in values:
+        packed.append(torch.full((n + 1,), fill, dtype=v.dtype, device=v.device))
+        packed[-1][at] = v
+    return [p[:n] for p in packed], mask.sum().view(1)

@@ -3,14 +3,17 @@
 `CachedTables` turns ids [B, S] into the ids the kernels read: each host table's columns become its
 slot numbers (`ctrflow.embedding.fused.cache.SlotCache.place`), the other columns stay as they are.
 `prefetch(ids)` does this for a batch ahead of its lookup and queues the result; the lookup takes the
-queued batches in order, or places its batch in line when none is queued. On CUDA a prefetch runs on
-a side stream after the work queued before it (the ids, the steps whose rows it may evict), so the
-next batch's rows move while the current step runs, and the lookup waits for it. A prefetch never
-evicts the rows of the batch before it, so at most one batch may be queued ahead of the next lookup
-(`ctrflow train` prefetches the next batch just before each step). A lookup without gradients (an
-evaluation between steps) drops the queued batches, whose rows stay cached, and places in line.
+queued batches in order, or places its batch in line when none is queued. On CUDA a prefetch runs in a
+thread of its own on a side stream, after the work queued before it (the ids, the steps whose rows it
+may evict): the bookkeeping, then the rows' copies, whose sizes it must read back, and whose host side
+(gathering and scattering rows in host memory) keeps that thread busy while the current step runs. The
+lookup waits until the batch's rows are in; the thread writes the evicted rows back after that, before
+the next batch. A prefetch never evicts the rows of the batch before it, so at most one batch may be
+queued ahead of the next lookup (`ctrflow train` prefetches the next batch just before each step). A
+lookup without gradients (an evaluation between steps) drops the queued batches, whose rows stay
+cached, and places in line.
 
-On CUDA a training batch's placement is captured as a CUDA graph the second time its shape comes (the
+On CUDA a training batch's bookkeeping is captured as a CUDA graph the second time its shape comes (the
 first compiles its kernels) and replayed from then on: it reads nothing back to the host, so its
 hundreds of small operations need not be launched one by one.
 """
@@ -18,6 +21,7 @@ hundreds of small operations need not be launched one by one.
 from __future__ import annotations
 
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -30,26 +34,47 @@ class CachedTables:
 
     def __init__(self, caches: dict[str, SlotCache], columns: dict[str, tuple[int, int]], device: torch.device):
         self.caches, self.columns = caches, columns
-        self.queued: deque = deque()  # (ids shape, ids for the kernels, ready event or None)
+        self.queued: deque = deque()  # (ids shape, Future of (ids for the kernels, ready event or None))
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # one thread: the batches' copies, and their write-backs, in the order of the batches
+        self.mover = ThreadPoolExecutor(1, thread_name_prefix="ctrflow-host-tables") if self.stream else None
+        self.moving: Future | None = None  # the last prefetch, done when its write-back is
         # (ids shape, the parts' addresses) -> None once placed eagerly, then (CUDA graph, its ids, its
-        # output): a training batch's placement is some 100 small operations a host table, replayed as one
+        # output): a training batch's bookkeeping is some 100 small operations a host table, replayed as one
         self.graphs: dict = {}
 
     def prefetch(self, ids: torch.Tensor, parts: list[torch.Tensor], train: bool = True) -> None:
         """Place batch `ids` [B, S] now (its step comes later) and queue it for `lookup_ids`."""
         if len(self.queued) >= 2:
             raise RuntimeError("host tables: prefetch at most one batch ahead of the next lookup")
+        self._reserve(ids)
+        placed: Future = Future()
         if self.stream is None:
-            self.queued.append((ids.shape, self._translate(ids, parts, train), None))
-            return
-        self.stream.wait_stream(torch.cuda.current_stream(ids.device))  # the ids, the rows' last updates
-        ids.record_stream(self.stream)
-        with torch.cuda.stream(self.stream):
-            out = self._translate(ids, parts, train)
-            ready = torch.cuda.Event()
-            ready.record(self.stream)
-        self.queued.append((ids.shape, out, ready))
+            placed.set_result((self._place(ids, parts, train), None))
+        else:
+            after = torch.cuda.Event()
+            after.record(torch.cuda.current_stream(ids.device))  # the ids, the rows' last updates
+            ids.record_stream(self.stream)
+            self.moving = self.mover.submit(self._prefetch, ids, parts, train, after, placed)
+        self.queued.append((ids.shape, placed))
+
+    def _prefetch(self, ids: torch.Tensor, parts: list[torch.Tensor], train: bool, after: torch.cuda.Event,
+                  placed: Future) -> None:
+        """The mover thread's part of `prefetch`: `placed` gets the batch's ids for the kernels and the
+        event its rows are in by, then the evicted rows are written back."""
+        try:
+            with torch.cuda.device(self.stream.device), torch.cuda.stream(self.stream):
+                self.stream.wait_event(after)
+                out, moves = self._translate(ids, parts, train)
+                write_backs = [cache.move(m, parts) for cache, m in zip(self.caches.values(), moves)]
+                ready = torch.cuda.Event()
+                ready.record(self.stream)
+        except BaseException as error:
+            placed.set_exception(error)
+            raise
+        placed.set_result((out, ready))
+        for write_back in write_backs:
+            write_back()
 
     def lookup_ids(self, ids: torch.Tensor, parts: list[torch.Tensor], train: bool) -> torch.Tensor:
         """`ids` [B, S] with the host tables' columns as buffer slots: the oldest queued batch (an
@@ -58,36 +83,50 @@ class CachedTables:
             self.drop()
         if not self.queued:
             self.settle()
-            return self._translate(ids, parts, train)
+            self._reserve(ids)
+            return self._place(ids, parts, train)
+        shape, placed = self.queued[0]
+        self.queued[0] = (shape, *placed.result())
         return take_queued(self.queued, ids)
 
-    def _translate(self, ids: torch.Tensor, parts: list[torch.Tensor], train: bool) -> torch.Tensor:
-        """`ids` with the host tables' columns as slots, every row placed (the module doc)."""
+    def _reserve(self, ids: torch.Tensor) -> None:
         for name, cache in self.caches.items():
             a, b = self.columns[name]
             cache.reserve(ids.shape[0] * (b - a))
+
+    def _place(self, ids: torch.Tensor, parts: list[torch.Tensor], train: bool) -> torch.Tensor:
+        """`ids` with the host tables' columns as slots, every row placed and moved in line."""
+        out, moves = self._translate(ids, parts, train)
+        for cache, m in zip(self.caches.values(), moves):
+            cache.move(m, parts)()
+        return out
+
+    def _translate(self, ids: torch.Tensor, parts: list[torch.Tensor], train: bool) -> tuple[torch.Tensor, list]:
+        """(`ids` with the host tables' columns as slots, each host table's `Moves`): the bookkeeping."""
         if not (ids.is_cuda and train):  # evaluation's batches place eagerly: rare, and large to capture
-            return self._place(ids, parts, train)
+            return self._book(ids, parts, train)
         key = (tuple(ids.shape), tuple(p.data_ptr() for p in parts))
         if key not in self.graphs:  # the first batch of a shape runs eagerly: it compiles the kernels
             self.graphs[key] = None
-            return self._place(ids, parts, train)
+            return self._book(ids, parts, train)
         if self.graphs[key] is None:
             static, graph = ids.clone(), torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # a loader thread may copy meanwhile
-                out = self._place(static, parts, train)
-            self.graphs[key] = (graph, static, out)
-        graph, static, out = self.graphs[key]
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # the step's thread queues meanwhile
+                out, moves = self._book(static, parts, train)
+            self.graphs[key] = (graph, static, out, moves)
+        graph, static, out, moves = self.graphs[key]
         static.copy_(ids)
         graph.replay()
-        return out.clone()  # the next replay rewrites `out` while this batch's step may still read it
+        return out.clone(), moves  # the next replay rewrites `out` while this batch's step may still read it
 
-    def _place(self, ids: torch.Tensor, parts: list[torch.Tensor], train: bool) -> torch.Tensor:
-        out = ids.clone()
+    def _book(self, ids: torch.Tensor, parts: list[torch.Tensor], train: bool) -> tuple[torch.Tensor, list]:
+        out, moves = ids.clone(), []
         for name, cache in self.caches.items():
             a, b = self.columns[name]
-            out[:, a:b] = cache.place_tensors(ids[:, a:b].reshape(-1), parts, train).view(ids.shape[0], b - a)
-        return out
+            slots, m = cache.place_tensors(ids[:, a:b].reshape(-1), parts, train)
+            out[:, a:b] = slots.view(ids.shape[0], b - a)
+            moves.append(m)
+        return out, moves
 
     def drop(self) -> None:
         """Forget the queued batches (their rows stay cached, correct either way)."""
@@ -95,8 +134,11 @@ class CachedTables:
         self.queued.clear()
 
     def settle(self) -> None:
-        """CUDA: the current stream waits for the prefetches on the side stream (they change the
-        bookkeeping and the cache rows that in-line work reads)."""
+        """CUDA: wait until the prefetches have written back, and make the current stream wait for their
+        work on the side stream (they change the bookkeeping, the cache rows and the host rows that
+        in-line work reads)."""
+        if self.moving is not None:
+            self.moving.result()
         if self.stream is not None:
             torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
 

@@ -74,8 +74,8 @@ class FusedEmbeddingCollection(nn.Module):
     Built on CPU the weights equal `EmbeddingCollection(tables, seed)`'s; built with
     `device="cuda"` they are drawn there (same bounds, other numbers) to skip a host copy.
 
-    `host` {table: cache rows}: those tables live in host memory (pinned on a GPU; drawn there, on a
-    GPU chunk by chunk) with that many slots of the buffer as their cache (`cached.CachedTables`);
+    `host` {table: cache rows}: those tables live in host memory (on a GPU drawn there chunk by
+    chunk) with that many slots of the buffer as their cache (`cached.CachedTables`);
     `prefetch(ids)` brings a batch's rows in ahead of its lookup. `draw=False` leaves the host
     tables' rows undrawn (`from_collection` copies them in).
     """

@@ -148,24 +148,3 @@ def apply_update_kernel(unique_rows_ptr, count_ptr, acc_ptr, weight_ptr, state1_
     # lost update. The barrier orders every load of the tile before any zero.
     tl.debug_barrier()
     tl.store(acc_at, tl.zeros([BLOCK_U, BLOCK_D], dtype=tl.float32), mask=mask)
-
-
-@triton.jit
-def copy_rows_kernel(src_ptr, src_rows_ptr, dst_ptr, dst_rows_ptr, count_ptr,
-                     W: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr):
-    """dst[dst_rows[i]] = src[src_rows[i]] (rows of W elements) for i < count[0], skipping a pair where
-    either row is negative. Either side may be pinned host memory, read or written by the GPU through
-    unified addressing (the host tier's loads and write-backs: `ctrflow.embedding.fused.cache`). The
-    count stays on the device; each program copies every grid-th block of BLOCK_N rows, so a grid of a
-    few programs an SM keeps enough rows in flight."""
-    count = tl.load(count_ptr).to(tl.int64)
-    cols = tl.arange(0, BLOCK_W)
-    for block in range(tl.program_id(0), tl.cdiv(count, BLOCK_N), tl.num_programs(0)):
-        items = block.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-        live = items < count
-        src = tl.load(src_rows_ptr + items, mask=live, other=-1).to(tl.int64)
-        dst = tl.load(dst_rows_ptr + items, mask=live, other=-1).to(tl.int64)
-        live = live & (src >= 0) & (dst >= 0)
-        mask = live[:, None] & (cols[None, :] < W)
-        vals = tl.load(src_ptr + src[:, None] * W + cols[None, :], mask=mask, other=0)
-        tl.store(dst_ptr + dst[:, None] * W + cols[None, :], vals, mask=mask)
