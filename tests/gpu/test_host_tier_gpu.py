@@ -14,7 +14,7 @@ import torch
 from ctrflow.cli import main
 from ctrflow.embedding.collection import EmbeddingCollection
 from ctrflow.embedding.fused import ops
-from ctrflow.embedding.fused.cache import SlotCache
+from ctrflow.embedding.fused.cache import AGES, SlotCache, count_ages
 from ctrflow.embedding.tables import TableConfig
 from tests.fixtures.bags import bag_batches, bag_tables
 from tests.fixtures.host_tier import (cached_collection, fused_pair, fused_whole, train, train_fused, whole,
@@ -92,6 +92,14 @@ def test_a_cache_moves_rows_and_their_state_between_host_memory_and_the_gpu(part
     assert int(cache.stats[3]) == 3  # written back: the three rows the training batch changed
     for h, rows in zip(cache.host, changed):
         assert torch.equal(h[[5, 999, 0]], rows)
+
+
+@pytest.mark.parametrize("n", [1, 4095, 4097, 3_000_001])
+def test_the_age_histogram_counts_like_torch(n):
+    age = torch.randint(0, AGES, (n,), device="cuda")
+    age[: n // 2] = AGES - 1  # most slots in one bucket, as in a full cache
+    expected = torch.histc(age.double().cpu(), bins=AGES, min=0, max=AGES).long()
+    assert torch.equal(count_ages(age).long().cpu(), expected)
 
 
 def test_train_fused_on_a_gpu_keeps_tables_beyond_the_budget_in_host_memory(tmp_path):

@@ -36,11 +36,13 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from ctrflow.embedding.fused import ops
 from ctrflow.errors import UserError
 
 NEVER = -1  # `used` of an empty slot (the oldest age)
 PINNED = 2**62  # `used` of the padding slot: never a victim
-AGES = 64  # age buckets: few enough for torch.histc to count them in shared memory
+AGES = 64  # age buckets: few enough to count in registers (`kernels.age_histogram_kernel`)
+AGE_BLOCK = 4096  # slots a program of `age_histogram_kernel` counts
 
 
 class Moves(NamedTuple):
@@ -141,9 +143,7 @@ class SlotCache:
         c = self.cache_rows
         age = (self.clock - self.used[:c]).clamp_(max=AGES - 1)  # empty: the oldest; padding: < 0
         age = torch.where(age >= 2, age, 0)  # bucket 0: never taken
-        # histc counts in shared memory (index_add_ would pile millions of atomics on 64 addresses); with
-        # min < max given it reads nothing back
-        hist = torch.histc(age.double(), bins=AGES, min=0, max=AGES)
+        hist = count_ages(age)
         hist[:1].zero_()
         older = hist.flip(0).cumsum(0).flip(0)  # [AGES] slots in bucket b or older
         last = (older >= count).sum().view(1) - 1  # the youngest bucket to take from
@@ -208,6 +208,18 @@ class SlotCache:
             self.slot_of[:1].zero_()
             self.id_of[:1].zero_()
             self.used[:1].fill_(PINNED)
+
+
+def count_ages(age: torch.Tensor) -> torch.Tensor:
+    """[AGES] how many of `age` (int64 in [0, AGES)) fall in each bucket, without a host read. On a GPU
+    each block is counted in registers: `torch.histc`'s shared-memory atomics, most of them on one or
+    two buckets, took ~1.3 ms for a table's 12 M slots."""
+    if age.is_cuda and ops.kernels is not None:
+        hist = torch.zeros(AGES, dtype=torch.int32, device=age.device)
+        grid = (ops.triton.cdiv(age.numel(), AGE_BLOCK),)
+        ops.kernels.age_histogram_kernel[grid](age, hist, age.numel(), AGES=AGES, BLOCK=AGE_BLOCK)
+        return hist
+    return torch.histc(age.double(), bins=AGES, min=0, max=AGES)  # min < max given: it reads nothing back
 
 
 def _pack(mask: torch.Tensor, values: list[torch.Tensor], n: int, fill: int) -> tuple[list[torch.Tensor], torch.Tensor]:

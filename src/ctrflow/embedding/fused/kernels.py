@@ -6,6 +6,7 @@ per-position gradients summed into one fp32 row per distinct id, the ids sorted 
 `apply_update_kernel` (the optimizer step on each distinct row, which also re-zeroes the sums).
 Multi-hot bags gather and pool in `bag_kernels.bag_forward_kernel`; their backward is the same
 two kernels, each id slot's gradient read from its bag's (`accumulate_segments_kernel`'s BAGS).
+`age_histogram_kernel` counts the host tier's cache slots by age (`ctrflow.embedding.fused.cache`).
 No kernel reads a value back on the host, so a whole training step can be captured in a CUDA graph.
 """
 
@@ -148,3 +149,17 @@ def apply_update_kernel(unique_rows_ptr, count_ptr, acc_ptr, weight_ptr, state1_
     # lost update. The barrier orders every load of the tile before any zero.
     tl.debug_barrier()
     tl.store(acc_at, tl.zeros([BLOCK_U, BLOCK_D], dtype=tl.float32), mask=mask)
+
+
+@triton.jit
+def age_histogram_kernel(age_ptr, hist_ptr, n, AGES: tl.constexpr, BLOCK: tl.constexpr):
+    """hist[a] += the entries of age[:n] (int64, each in [0, AGES)) equal to a. Each program counts its
+    block in registers and adds AGES sums: a histogram by per-element atomics piles millions of them on
+    a few addresses (the host tier's victims, `ctrflow.embedding.fused.cache`, count some 10 M slots' ages
+    each batch, most of them in one or two buckets)."""
+    items = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = items < n
+    counts = tl.histogram(tl.load(age_ptr + items, mask=live, other=0).to(tl.int32), AGES)
+    beyond = tl.sum((~live).to(tl.int32), axis=0)  # the lanes past n, counted at age 0
+    buckets = tl.arange(0, AGES)
+    tl.atomic_add(hist_ptr + buckets, tl.where(buckets == 0, counts - beyond, counts))
