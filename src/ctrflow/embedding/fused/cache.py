@@ -24,8 +24,8 @@ the bookkeeping, which reads nothing back to the host, so a CUDA graph can hold 
   the rows in host memory (many threads: random rows at tens of GB/s) and the GPU in its own memory,
   and each batch's rows cross the bus in one bulk copy each way, which the copy engines run beside
   the step. The GPU reading host rows one by one instead moves about 29 M rows a second and slows the
-  step's kernels beside it (benchmarks/NOTES.md, "Tables in host memory"). The copies' sizes are the
-  one value `move` reads back.
+  step's kernels beside it (benchmarks/NOTES.md, "Tables in host memory"). `move` reads back the
+  copies' sizes and the rows they name (`cached.CachedTables` runs it in a thread of its own).
 - `stats` counts the distinct rows looked up and found cached, and the rows read in and written back.
 - A multi-hot table's padding row 0 stays in slot 0 (the kernels skip id 0 of a bag).
 """
@@ -98,7 +98,8 @@ class SlotCache:
         return slots
 
     @torch.no_grad()
-    def place_tensors(self, ids: torch.Tensor, parts: list[torch.Tensor], train: bool) -> tuple[torch.Tensor, Moves]:
+    def place_tensors(self, ids: torch.Tensor, parts: list[torch.Tensor],
+                      train: bool) -> tuple[torch.Tensor, Moves]:
         """`place` after `reserve`, without the rows' moves: the slots of `ids`, with every row mapped,
         and the `Moves` that bring the rows there (`move`). Tensor work only, no value read back, so a
         CUDA graph can hold it."""
@@ -109,7 +110,7 @@ class SlotCache:
         slot = self.slot_of[ids]
         hit = slot >= 0
         self.used.scatter_(0, torch.where(hit, slot.long(), self.cache_rows), stamp)  # hits: never victims
-        (missing,), count = self._misses(ids, hit)
+        missing, count = self._misses(ids, hit)
         hits = (self.used[:self.cache_rows] == self.clock).sum()
         victims = self._victims(count, ids.numel())
         old = self.id_of[victims]
@@ -135,7 +136,8 @@ class SlotCache:
         self.slot_of.scatter_reduce_(0, torch.where(hit, spare, ids), torch.where(hit, -1, code), "amin")
         first = ~hit & (self.slot_of[ids] == code)
         self.slot_of[spare:].fill_(-1)  # a slice's fill_: `t[i] = scalar` would copy the scalar over, a sync
-        return _pack(first, [ids], n, -1)
+        (missing,), count = _pack(first, [ids], n, -1)
+        return missing, count
 
     def _victims(self, count: torch.Tensor, n: int) -> torch.Tensor:
         """[n] slots: the `count` least recently used first (outside this batch and the previous one),
@@ -160,7 +162,7 @@ class SlotCache:
         their slots. Returns what ends the write-back: it waits for the rows leaving and scatters them
         into host memory. Call it before the next `move` reads host memory (the rows leaving are not
         among those arriving, so it may run while the step reads the rows that arrived)."""
-        n_in, n_out = (int(n) for n in moves.counts.tolist())  # the one value read back: the copies' sizes
+        n_in, n_out = (int(n) for n in moves.counts.tolist())  # read back: the copies' sizes, then their rows
         device, cuda = parts[0].device, parts[0].is_cuda
         rows = torch.cat([moves.rows_in[:n_in], moves.rows_out[:n_out]]).cpu()
         cache = self._cache(parts)
@@ -222,7 +224,8 @@ def count_ages(age: torch.Tensor) -> torch.Tensor:
     return torch.histc(age.double(), bins=AGES, min=0, max=AGES)  # min < max given: it reads nothing back
 
 
-def _pack(mask: torch.Tensor, values: list[torch.Tensor], n: int, fill: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+def _pack(mask: torch.Tensor, values: list[torch.Tensor], n: int,
+          fill: int) -> tuple[list[torch.Tensor], torch.Tensor]:
     """(each of `values` where `mask`, in order, then `fill`, [n]; how many [1]), without a host read."""
     order = torch.cumsum(mask, 0) - 1
     at = torch.where(mask & (order < n), order, n)
