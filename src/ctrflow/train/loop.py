@@ -251,8 +251,7 @@ def _fit(s: Session, stop: StopSignals) -> dict[str, Any]:
     try:
         while s.step < s.total_steps and s.epoch < cfg.epochs and not s.best.stop:
             batches = s.train_loader.batches(s.epoch, start=s.batch)
-            for batch, following in _with_next(batches, _host_tables(s.model) is not None):
-                _prefetch(_host_tables(s.model), batch, following, s.runtime.device)
+            for batch in _moved_ahead(batches, _host_tables(s.model), s.runtime.device):
                 s.optimizers.set_lr_factor(lr_factor(s.step, cfg.optim, s.total_steps, len(s.train_loader)))
                 log.add(step_fn(s.model, batch, s.optimizers, s.runtime.device, s.amp))
                 s.step, s.batch = s.step + 1, s.batch + 1
@@ -278,26 +277,24 @@ def _host_tables(model: nn.Module) -> FusedEmbeddingCollection | None:
     return coll if isinstance(coll, FusedEmbeddingCollection) and coll.host is not None else None
 
 
-def _with_next(batches, ahead: bool):
-    """(batch, the next one, or None at the end or without `ahead`) pairs of an iterable of batches."""
-    it = iter(batches)
-    current = next(it, None)
-    while current is not None:
-        following = next(it, None) if ahead else None
-        yield current, following
-        current = following if ahead else next(it, None)
-
-
-def _prefetch(coll: FusedEmbeddingCollection | None, batch: Batch, following: Batch | None,
-              device: torch.device) -> None:
-    """Fused tables in host memory: the next batch's rows move while this step runs (the current
-    batch's first, where none is queued: the first step, or one after an evaluation;
+def _moved_ahead(batches, coll: FusedEmbeddingCollection | None, device: torch.device):
+    """The batches; where fused tables live in host memory (`coll`), each moved to the device one step
+    early and its rows prefetched then, so the next batch's rows move while this step runs (the
+    current batch's first where none is queued: the first step, or one after an evaluation;
     `ctrflow.embedding.fused.cached`)."""
-    if coll is None or following is None:
+    if coll is None:
+        yield from batches
         return
-    if not coll.host.queued:
-        coll.prefetch(batch.sparse.to(device, non_blocking=True))
-    coll.prefetch(following.sparse.to(device, non_blocking=True))
+    moved = (batch.to(device, non_blocking=True) for batch in batches)
+    current = next(moved, None)
+    while current is not None:
+        following = next(moved, None)
+        if following is not None:
+            if not coll.host.queued:
+                coll.prefetch(current.sparse)
+            coll.prefetch(following.sparse)
+        yield current
+        current = following
 
 
 def train_step(model: nn.Module, batch: Batch, optimizers: Optimizers, device: torch.device,
