@@ -295,13 +295,9 @@ def _init_weights(tables: list[TableConfig], seed: int, dtype: torch.dtype, devi
             block.zero_()
             continue
         gen = torch.Generator(device=device).manual_seed(seed * 1000003 + index)
-        bound = 1.0 / math.sqrt(t.num_embeddings)
         # fp32 in place: a second buffer of an MLPerf table would not fit beside it
         drawn = block if dtype == torch.float32 else torch.empty(block.shape, device=device)
-        drawn.uniform_(-bound, bound, generator=gen)
-        if t.init_scale != 1.0:
-            drawn.mul_(t.init_scale)  # as `init_rows`: drawn, then scaled
-        zero_padding_row(t, drawn)
+        _draw_rows(t, drawn, gen, 0)
         if drawn is not block:
             block.copy_(drawn)
     return weight
@@ -317,8 +313,16 @@ def _draw_host(t: TableConfig, seed: int, index: int, store: torch.Tensor, devic
             store[a:b] = init_rows(t, seed, index, a, b)
             continue
         gen = torch.Generator(device=device).manual_seed((seed * 1000003 + index) * 1000003 + a // chunk)
-        bound = 1.0 / math.sqrt(t.num_embeddings)
-        rows = torch.empty(b - a, t.embedding_dim, device=device).uniform_(-bound, bound, generator=gen)
-        rows.mul_(t.init_scale)
-        zero_padding_row(t, rows, a)
+        rows = torch.empty(b - a, t.embedding_dim, device=device)
+        _draw_rows(t, rows, gen, a)
         store[a:b].copy_(rows.to(store.dtype))
+
+
+def _draw_rows(t: TableConfig, out: torch.Tensor, gen: torch.Generator, first: int) -> None:
+    """Table `t`'s rows first.. drawn into `out` from `gen` as `init_rows` draws them (the same bounds,
+    scale and zero padding row, other numbers)."""
+    bound = 1.0 / math.sqrt(t.num_embeddings)
+    out.uniform_(-bound, bound, generator=gen)
+    if t.init_scale != 1.0:
+        out.mul_(t.init_scale)  # as `init_rows`: drawn, then scaled
+    zero_padding_row(t, out, first)
