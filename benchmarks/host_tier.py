@@ -20,8 +20,9 @@ just before each step as `ctrflow train` does; the plain path: `EmbeddingCollect
 update under a fixed linear readout and BCE loss (no dense layers). With `--dense bf16|fp8` (fused path)
 it is the whole training step instead: the DLRMv2 shape's DCNv2 as `benchmarks/dlrmv2.py`'s fast path
 trains it, the one-hot shape's DLRM as `benchmarks/sharded_scale.py` does (bottom 512-256, top
-1024-1024-512-256), the head compiled, dense Adam, graphed where every table is on the GPU (as `ctrflow
-train` runs it), eager with host tables, whose next rows then move beside the dense work. `device` keeps
+1024-1024-512-256), the head compiled, dense Adam, the step graphed as `ctrflow train` graphs it
+(`GraphedStep`: with host tables each batch's lookup runs before the replay, and the next batch's rows
+move beside the step; `--cuda-graphs off`: eager). `device` keeps
 every table on the GPU; `cached` keeps the tables within `--budget-gib` of GPU memory (weights and
 Adagrad state; `place_in_budget`) and the others in host memory with caches filling the rest of
 the budget. Each side is built alone (the other freed first); samples/s from the median step of
@@ -39,10 +40,12 @@ import math
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 from ctrflow.accel.accelerate import accelerate
+from ctrflow.accel.graphs import GraphedStep
 from ctrflow.accel.plan import RunPlan
 from ctrflow.contract.features import Features
 from ctrflow.embedding.collection import EmbeddingCollection, deferred_tables
@@ -51,6 +54,7 @@ from ctrflow.embedding.optimizers import SparseOptimizer, state_bytes
 from ctrflow.embedding.placement import HostTier, place_in_budget
 from ctrflow.embedding.plan import plan_sharding
 from ctrflow.embedding.tables import TableConfig
+from ctrflow.loaders.batch import Batch
 from ctrflow.models import build_model
 from ctrflow.runtime import Runtime
 
@@ -58,7 +62,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from embedding_bag import HOTNESS, MLPERF_ROWS, median_ms, release  # noqa: E402
 from dlrmv2 import OPTIM, base_model, dlrmv2_features  # noqa: E402
 from sharded_parts import MLPERF_TABLES  # noqa: E402
-from train_paths import capture_step, fp8_plan, make_optimizers, make_step  # noqa: E402
+from train_paths import fp8_plan, make_optimizers, make_step  # noqa: E402
 
 GIB = 2**30
 ONEHOT_ARCH = {"bottom_mlp": (512, 256), "top_mlp": (1024, 1024, 512, 256)}  # MLPerf DLRM's
@@ -143,7 +147,7 @@ def build(tables, args, device: torch.device, host: dict[str, int]):
 
 def dense_step(coll: FusedEmbeddingCollection, args, device: torch.device, labels: torch.Tensor):
     """The whole training step over `coll` in `--dense`'s precision (module doc): ids -> forward, backward
-    (the tables' update), dense Adam; one CUDA graph when every table is on the GPU."""
+    (the tables' update), dense Adam; on CUDA one graph, as `ctrflow train` runs it."""
     cuda = device.type == "cuda"
     if args.shape == "dlrmv2":  # the dense layers only (tiny tables): the tables are coll's
         model = base_model(args, dlrmv2_features([1] * len(MLPERF_ROWS), HOTNESS))
@@ -156,12 +160,16 @@ def dense_step(coll: FusedEmbeddingCollection, args, device: torch.device, label
                    compile="head" if cuda else "off")
     accelerate(model, plan, Runtime(0, 1, device.index or 0, device))
     model.to(device)
-    graphed = cuda and coll.host is None
-    step = make_step(model, make_optimizers(model, [], OPTIM, naive=False, capturable=graphed, fused=cuda),
-                     device, autocast=cuda)
-    step = capture_step(step, device) if graphed else step
+    graphed = cuda and args.cuda_graphs == "auto"
+    optimizers = make_optimizers(model, [], OPTIM, naive=False, capturable=graphed, fused=cuda)
+    step = make_step(model, optimizers, device, autocast=cuda)
     dense = torch.log1p(torch.rand(args.batch, 13, device=device) * 8)
-    return lambda ids: step(dense, ids, labels)
+    if not graphed:
+        return lambda ids: step(dense, ids, labels)
+    graph = GraphedStep(lambda _model, batch, *_: step(batch.dense, batch.sparse, batch.labels),
+                        host=coll if coll.host is not None else None)
+    opts = SimpleNamespace(dense=optimizers[0], sparse=None)
+    return lambda ids: graph(model, Batch(dense, ids, labels), opts, device)
 
 
 def warm_up(coll, one_step, steps: int, most: int = 2000) -> int:
@@ -206,7 +214,7 @@ def time_side(tables, args, device: torch.device, budget: int | None) -> dict:
     moved = coll.host.bytes_moved() if isinstance(coll, FusedEmbeddingCollection) and coll.host else None
     bus = pcie_rates(coll, moved[0] // args.iters, device) if moved and device.type == "cuda" else {}
     if args.profile and device.type == "cuda":
-        write_profile(one_step, f"{args.profile}/host_tier-{'cached' if host else 'device'}.txt")
+        write_profile(one_step, f"{args.profile}/host_tier-{args.shape}-{'cached' if host else 'device'}.txt")
     result = {"samples_per_s": args.batch / ms * 1e3, "step_ms": ms, "warmup_steps": warmup,
               "host_tables": len(host), "cache_rows": sum(host.values()), "cache_hit_rate": coll.cache_hit_rate(),
               "host_gib": sum(t.nbytes for t in host_tensors) / GIB,
@@ -276,6 +284,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile", default="", help="folder: each side's GPU and CPU time per operation of 3 steps")
     p.add_argument("--dense", choices=["none", "bf16", "fp8"], default="none",
                    help="time the whole training step, its dense part in this precision (fused path)")
+    p.add_argument("--cuda-graphs", choices=["auto", "off"], default="auto",
+                   help="with --dense: off runs the step eagerly (as `ctrflow train --cuda-graphs off`)")
     args = p.parse_args(argv)
     if args.dense != "none" and args.path != "fused":
         p.error("--dense times the fused path")
@@ -301,9 +311,11 @@ def main(argv: list[str] | None = None) -> dict:
     record = {"benchmark": "host_tier", "path": args.path, "shape": args.shape,
               "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "batch": args.batch, "dim": args.dim, "tables": len(tables),
-              "step": "tables" if args.dense == "none" else f"whole, dense in {args.dense}",
+              "step": "tables" if args.dense == "none" else f"whole, dense in {args.dense}" +
+              (", graphed" if device.type == "cuda" and args.cuda_graphs == "auto" else ""),
               "ids_per_sample": sum(t.length for t in tables),
               "table_gib": total / GIB, "budget_gib": budget / GIB, "optimizer": "adagrad (row-wise)",
+              "cpu_threads": torch.get_num_threads(),
               "device_samples_per_s": whole["samples_per_s"] if whole else None,
               "cached_samples_per_s": cached["samples_per_s"],
               "ratio": cached["samples_per_s"] / whole["samples_per_s"] if whole else None,

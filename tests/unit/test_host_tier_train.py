@@ -57,6 +57,7 @@ def test_a_cached_run_trains_and_validates_bitwise_like_one_on_the_device(data_d
     _assert_same_checkpoint(device, cached)
     summaries = [json.loads((out / "train_summary.json").read_text()) for out in (device, cached)]
     assert summaries[0]["valid_auc"] == summaries[1]["valid_auc"]
+    assert "cache_hit_rate" not in summaries[0] and 0 < summaries[1]["cache_hit_rate"] < 1
     plan = json.loads((cached / "config.json").read_text())["plan"]
     assert plan["placement"].startswith("device ") and ", host " in plan["placement"]
     shards = [s for entry in plan["sharding_plan"]["tables"].values() for s in entry["shards"]]
@@ -91,6 +92,7 @@ def test_fused_tables_in_host_memory_train_bitwise_like_fused_tables_on_the_devi
     _assert_same_checkpoint(device, cached)
     summaries = [json.loads((out / "train_summary.json").read_text()) for out in (device, cached)]
     assert summaries[0]["valid_auc"] == summaries[1]["valid_auc"]
+    assert 0 < summaries[1]["cache_hit_rate"] < 1
     resumed = _train(data_dir, tmp_path / "device", 60, "--embedding", "fused", "--resume", str(device), *BUDGET)
     assert json.loads((resumed / "train_summary.json").read_text())["step"] == 60
 

@@ -20,6 +20,12 @@ table: no host sync) and the dense part is not under DDP: the step averages its 
 `capture_error_mode="thread_local"` (NCCL's watchdog thread keeps running) and must be released
 (`GraphedStep.release`) before the process group is destroyed. `use_graphs` checks this;
 otherwise the loop keeps its eager step (`ctrflow.accel.plan.plan_run` decides).
+
+Fused tables in host memory (one process) are graphed too: their lookup of a batch waits for its
+prefetch and reads sizes back, so it runs before each replay (`FusedEmbeddingCollection.stage`) and
+the graph reads its result; the capture waits until the prefetching thread is idle, and runs in
+thread-local mode all the same (that thread's CUDA calls never invalidate it). Eager launches of the
+step's few hundred kernels would otherwise compete with that thread for the CPU.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ctrflow.config import TrainConfig
+from ctrflow.embedding.fused import FusedEmbeddingCollection
 from ctrflow.loaders.batch import Batch
 
 if TYPE_CHECKING:
@@ -63,10 +70,11 @@ def use_graphs(config: TrainConfig, runtime: Runtime, all_fused: bool, static_ex
 class GraphedStep:
     """Callable like the loop's step function (`step(model, batch, optimizers, device, amp) -> loss`,
     plus `next_ids`: the next step's ids, handed on where given), capturing it as a CUDA graph after
-    `warmup` eager steps (module doc). Call `release()` before destroying the process group."""
+    `warmup` eager steps (module doc). `host`: the fused collection with tables in host memory, whose
+    lookups run before each replay. Call `release()` before destroying the process group."""
 
-    def __init__(self, step: StepFn, warmup: int = 3):
-        self.step, self.warmup, self.calls = step, warmup, 0
+    def __init__(self, step: StepFn, warmup: int = 3, host: FusedEmbeddingCollection | None = None):
+        self.step, self.warmup, self.calls, self.host = step, warmup, 0, host
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static: Batch | None = None
         self.next_ids: torch.Tensor | None = None  # the graph's copy of the next step's ids
@@ -80,11 +88,15 @@ class GraphedStep:
         ahead = {} if next_ids is None else {"next_ids": next_ids}
         if self.graph is not None:
             self._copy_in(batch, next_ids)
+            if self.host is not None:
+                self.host.stage(batch.sparse)
             self.graph.replay()
             if hasattr(optimizers.sparse, "steps"):  # host-side count its (empty) step() keeps: checkpoints carry it
                 optimizers.sparse.steps += 1
             return self.loss
         default, side = torch.cuda.current_stream(device), torch.cuda.Stream(device)
+        if self.host is not None and self.calls > self.warmup:
+            self.host.stage(batch.sparse, settle=True)  # on the default stream; the prefetches then rest
         side.wait_stream(default)  # warm-up and capture off the default stream, as torch asks
         with torch.cuda.stream(side):  # noqa: SIM117 (the capture needs the side stream current)
             if self.calls <= self.warmup:
@@ -106,7 +118,8 @@ class GraphedStep:
             self.next_ids = ahead["next_ids"].to(device, non_blocking=True).clone()
             ahead = {"next_ids": self.next_ids}
         # several processes: NCCL's watchdog thread queries events during the capture
-        mode = "thread_local" if dist.is_initialized() and dist.get_world_size() > 1 else "global"
+        several = dist.is_initialized() and dist.get_world_size() > 1
+        mode = "thread_local" if several or self.host is not None else "global"
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, stream=side, capture_error_mode=mode):
             self.loss = self.step(model, self.static, optimizers, device, amp, **ahead)

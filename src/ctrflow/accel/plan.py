@@ -130,10 +130,10 @@ def plan_run(config: TrainConfig, runtime: Runtime, model: nn.Module, loader: st
                             "use --embedding auto or plain, or a larger --embedding-memory-gib")
         fused = all_fused = False
         sharding = _plan_sharding(config, runtime, model, fused)
-    # row-wise tables make the all-to-all sizes depend on the ids, and host tables place each batch in
-    # Python: no graph, no in-place exchange
+    # row-wise tables make the all-to-all sizes depend on the ids: no graph, no in-place exchange (fused
+    # host tables, one process, place each batch before the graph replays: `ctrflow.accel.graphs`)
     static = sharding is None or all(sharding.tables[t.name].sharding != "row" for t in model.embeddings.tables)
-    graphs = use_graphs(config, runtime, all_fused, static and not host)
+    graphs = use_graphs(config, runtime, all_fused, static)
     dense_sync = "none" if not runtime.distributed else "average" if graphs else "ddp"
     compiled = fused and dense_sync != "ddp" and use_compile(config, runtime)  # DDP's hooks stay eager
     kinds = {t.name: FUSED_KINDS[config.optim.sparse][1] if fused and c.embedding_dim >= FUSED_MIN_DIM

@@ -246,7 +246,7 @@ def _fit(s: Session, stop: StopSignals) -> dict[str, Any]:
     done = {"eval": -1, "ckpt": -1}
     valid: dict[str, float] = {}
     step = partial(train_step, average=s.average) if s.average is not None else train_step
-    step_fn = GraphedStep(step) if s.plan.cuda_graphs else step
+    step_fn = GraphedStep(step, host=_host_tables(s.model)) if s.plan.cuda_graphs else step
     stop.defer(s.runtime)  # from the first step on, a signal stops between steps
     try:
         while s.step < s.total_steps and s.epoch < cfg.epochs and not s.best.stop:
@@ -365,6 +365,9 @@ def _finish(s: Session, log: ProgressLog, valid: dict[str, float], done: dict[st
                "samples_per_s": log.throughput(s.step), "checkpoint": str(s.out / f"step_{done['ckpt']:08d}"),
                **{f"valid_{k}": v for k, v in valid.items()}, **s.best.summary(s.out),
                "early_stopped": s.best.stop}
+    hit_rate = s.model.embeddings.cache_hit_rate() if hasattr(s.model.embeddings, "cache_hit_rate") else None
+    if hit_rate is not None:  # tables in host memory: the share of each batch's distinct rows found cached
+        summary["cache_hit_rate"] = hit_rate
     if s.runtime.is_main:
         (s.out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         s.tracker.log_metrics({k: v for k, v in summary.items() if isinstance(v, float)}, step=s.step)

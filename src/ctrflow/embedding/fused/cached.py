@@ -7,15 +7,20 @@ queued batches in order, or places its batch in line when none is queued. On CUD
 thread of its own on a side stream, after the work queued before it (the ids, the steps whose rows it
 may evict): the bookkeeping, then the rows' copies, whose sizes it must read back, and whose host side
 (gathering and scattering rows in host memory) keeps that thread busy while the current step runs. The
-lookup waits until the batch's rows are in; the thread writes the evicted rows back after that, before
-the next batch. A prefetch never evicts the rows of the batch before it, so at most one batch may be
-queued ahead of the next lookup (`ctrflow train` prefetches the next batch just before each step). A
-lookup without gradients (an evaluation between steps) drops the queued batches, whose rows stay
-cached, and places in line.
+lookup waits until the batch's rows are in. A second thread then writes the batch's evicted rows back
+to host memory while the first one queues the next batch's bookkeeping; the first waits for it before
+it gathers that batch's rows. A prefetch never evicts the rows of the batch before it, so at most one
+batch may be queued ahead of the next lookup (`ctrflow train` prefetches the next batch just before
+each step). A lookup without gradients (an evaluation between steps) drops the queued batches, whose
+rows stay cached, and places in line.
 
 On CUDA a training batch's bookkeeping is captured as a CUDA graph the second time its shape comes (the
 first compiles its kernels) and replayed from then on: it reads nothing back to the host, so its
 hundreds of small operations need not be launched one by one.
+
+The training step itself may be a CUDA graph too (`ctrflow.accel.graphs.GraphedStep`): `stage(ids)`
+takes the batch's lookup out of it (waiting for its prefetch is host work) and copies the slots into
+`staged`, the tensor that a lookup captured in the graph reads.
 """
 
 from __future__ import annotations
@@ -35,13 +40,18 @@ class CachedTables:
     def __init__(self, caches: dict[str, SlotCache], columns: dict[str, tuple[int, int]], device: torch.device):
         self.caches, self.columns = caches, columns
         self.queued: deque = deque()  # (ids shape, Future of (ids for the kernels, ready event or None))
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        # one thread: the batches' copies, and their write-backs, in the order of the batches
+        # high priority: a graphed step leaves no gap between its kernels, and the prefetch's small ones
+        # (the bookkeeping, the rows' gathers and scatters) would each wait for a step kernel to drain
+        self.stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
+        # one thread for the batches' bookkeeping and copies, one for their write-backs, each in batch order
         self.mover = ThreadPoolExecutor(1, thread_name_prefix="ctrflow-host-tables") if self.stream else None
-        self.moving: Future | None = None  # the last prefetch, done when its write-back is
+        self.writer = ThreadPoolExecutor(1, thread_name_prefix="ctrflow-host-writes") if self.stream else None
+        self.moving: Future | None = None  # the last prefetch, done when its rows are in
+        self.written: Future | None = None  # the last prefetch's write-back
         # (ids shape, the parts' addresses) -> None once placed eagerly, then (CUDA graph, its ids, its
         # output): a training batch's bookkeeping is some 100 small operations a host table, replayed as one
         self.graphs: dict = {}
+        self.staged: torch.Tensor | None = None  # the ids a captured step's lookup reads (`stage`)
 
     def prefetch(self, ids: torch.Tensor, parts: list[torch.Tensor], train: bool = True) -> None:
         """Place batch `ids` [B, S] now (its step comes later) and queue it for `lookup_ids`."""
@@ -60,12 +70,15 @@ class CachedTables:
 
     def _prefetch(self, ids: torch.Tensor, parts: list[torch.Tensor], train: bool, after: torch.cuda.Event,
                   placed: Future) -> None:
-        """The mover thread's part of `prefetch`: `placed` gets the batch's ids for the kernels and the
-        event its rows are in by, then the evicted rows are written back."""
+        """The mover thread's part of `prefetch`: the batch's bookkeeping, then its moves once the
+        batch before is written back; `placed` gets the batch's ids for the kernels and the event its
+        rows are in by, and the writer thread its write-back."""
         try:
             with torch.cuda.device(self.stream.device), torch.cuda.stream(self.stream):
                 self.stream.wait_event(after)
                 out, moves = self._translate(ids, parts, train)
+                if self.written is not None:
+                    self.written.result()  # host memory current before this batch's rows are gathered
                 write_backs = [cache.move(m, parts) for cache, m in zip(self.caches.values(), moves)]
                 ready = torch.cuda.Event()
                 ready.record(self.stream)
@@ -73,8 +86,7 @@ class CachedTables:
             placed.set_exception(error)
             raise
         placed.set_result((out, ready))
-        for write_back in write_backs:
-            write_back()
+        self.written = self.writer.submit(lambda: [write_back() for write_back in write_backs])
 
     def lookup_ids(self, ids: torch.Tensor, parts: list[torch.Tensor], train: bool) -> torch.Tensor:
         """`ids` [B, S] with the host tables' columns as buffer slots: the oldest queued batch (an
@@ -88,6 +100,15 @@ class CachedTables:
         shape, placed = self.queued[0]
         self.queued[0] = (shape, *placed.result())
         return take_queued(self.queued, ids)
+
+    def stage(self, ids: torch.Tensor, parts: list[torch.Tensor]) -> None:
+        """`lookup_ids` of training batch `ids` into `staged`, for a CUDA graph of the step to read: one
+        tensor, made by the first call, that every later call overwrites (the same shape: a graph's)."""
+        out = self.lookup_ids(ids, parts, True)
+        if self.staged is None:
+            self.staged = out
+        else:
+            self.staged.copy_(out)
 
     def _reserve(self, ids: torch.Tensor) -> None:
         for name, cache in self.caches.items():
@@ -134,11 +155,12 @@ class CachedTables:
         self.queued.clear()
 
     def settle(self) -> None:
-        """CUDA: wait until the prefetches have written back, and make the current stream wait for their
-        work on the side stream (they change the bookkeeping, the cache rows and the host rows that
-        in-line work reads)."""
+        """CUDA: wait until the prefetches are done and have written back, and make the current stream
+        wait for their work on the side stream (they change the bookkeeping, the cache rows and the host
+        rows that in-line work reads)."""
         if self.moving is not None:
             self.moving.result()
+            self.written.result()
         if self.stream is not None:
             torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
 

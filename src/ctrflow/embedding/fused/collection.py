@@ -176,7 +176,11 @@ class FusedEmbeddingCollection(nn.Module):
             raise ValueError(f"ids must be [B, {self.slots}], got {list(ids.shape)}")
         if self.check_ids and not _capturing(ids):
             self._check_range(ids)
-        if self.host is not None:
+        if self.host is not None and _capturing(ids):  # the step's CUDA graph: the slots `stage` puts in
+            if self.host.staged is None or self.host.staged.shape != ids.shape:
+                raise RuntimeError("host tables: stage(ids) a batch of this shape before capturing its step")
+            ids = self.host.staged
+        elif self.host is not None:
             ids = self.host.lookup_ids(ids, self._parts(), torch.is_grad_enabled())
         anchor = ids.new_empty(0, dtype=torch.float32).requires_grad_(torch.is_grad_enabled())
         return (_FusedLookup if self.one_hot else _FusedBags).apply(ids, anchor, self)
@@ -188,6 +192,14 @@ class FusedEmbeddingCollection(nn.Module):
             if self.check_ids:
                 self._check_range(ids)
             self.host.prefetch(ids, self._parts(), train)
+
+    def stage(self, ids: torch.Tensor, settle: bool = False) -> None:
+        """Before a CUDA graph of the training step captures or replays batch `ids` [B, S]: their host
+        tables' lookup (`cached.CachedTables.stage`), which the graph cannot hold, done now; the graph's
+        lookup reads its result. `settle` (before a capture): then wait until the prefetches are done."""
+        self.host.stage(ids, self._parts())
+        if settle:
+            self.host.settle()
 
     def cache_hit_rate(self) -> float | None:
         """Share of the host tables' distinct rows per batch found cached (None: no host table or lookup)."""
