@@ -40,9 +40,7 @@ class CachedTables:
     def __init__(self, caches: dict[str, SlotCache], columns: dict[str, tuple[int, int]], device: torch.device):
         self.caches, self.columns = caches, columns
         self.queued: deque = deque()  # (ids shape, Future of (ids for the kernels, ready event or None))
-        # high priority: a graphed step leaves no gap between its kernels, and the prefetch's small ones
-        # (the bookkeeping, the rows' gathers and scatters) would each wait for a step kernel to drain
-        self.stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         # one thread for the batches' bookkeeping and copies, one for their write-backs, each in batch order
         self.mover = ThreadPoolExecutor(1, thread_name_prefix="ctrflow-host-tables") if self.stream else None
         self.writer = ThreadPoolExecutor(1, thread_name_prefix="ctrflow-host-writes") if self.stream else None
