@@ -23,9 +23,9 @@ otherwise the loop keeps its eager step (`ctrflow.accel.plan.plan_run` decides).
 
 Fused tables in host memory (one process) are graphed too: their lookup of a batch waits for its
 prefetch and reads sizes back, so it runs before each replay (`FusedEmbeddingCollection.stage`) and
-the graph reads its result; the capture waits until the prefetching thread is idle, and runs in
-thread-local mode all the same (that thread's CUDA calls never invalidate it). Eager launches of the
-step's few hundred kernels would otherwise compete with that thread for the CPU.
+the graph reads its result; the capture waits until the prefetching threads are idle, and runs in
+thread-local mode all the same (their CUDA calls never invalidate it). Eager launches of the step's
+few hundred kernels would otherwise compete with those threads for the CPU.
 """
 
 from __future__ import annotations
