@@ -100,7 +100,11 @@ def _run(pipeline_root: str | os.PathLike, arguments: dict[str, Any], pipeline: 
 
     printing = builtins.print
     try:
-        with docker_api() if runner == "docker" else contextlib.nullcontext(), branch_artifacts():
+        engine = contextlib.ExitStack()
+        if runner == "docker":
+            engine.enter_context(docker_api())
+            engine.enter_context(containers_kept_until_read())
+        with engine, branch_artifacts():
             return _run_pipeline(pipeline_root, arguments, pipeline, runner)
     finally:
         # KFP's runner indents task output by swapping `print` for a wrapper and back, per task; tasks
@@ -135,6 +139,40 @@ def branch_artifacts() -> Iterator[None]:
         yield
     finally:
         OrchestratorUtils.get_dag_output_artifacts = original
+
+
+@contextlib.contextmanager
+def containers_kept_until_read() -> Iterator[None]:
+    """Within: KFP's DockerRunner removes each task's container after reading its logs and exit
+    status, not on exit. kfp 2.17 starts containers with `auto_remove`, so a task that ends quickly
+    races its own removal: podman answers an inspection during removal with an error 500 that fails
+    the run, and a container already gone is taken for a success whatever its exit status."""
+    import docker
+    from kfp.local import docker_task_handler
+
+    def run_container(client, image: str, command: list[str], volumes: dict, **run_args) -> int:
+        image = docker_task_handler.add_latest_tag_if_not_present(image)
+        try:
+            client.images.get(image)
+            print(f"Found image {image!r}\n")  # KFP's own words, as its log has them
+        except docker.errors.ImageNotFound:
+            print(f"Pulling image {image!r}")
+            client.images.pull(image)
+        container = client.containers.run(image=image, command=command, detach=True, stdout=True,
+                                          stderr=True, volumes=volumes, **run_args)
+        try:
+            for line in container.logs(stream=True):
+                print(line.decode(), end="")
+            return container.wait()["StatusCode"]
+        finally:
+            container.remove(force=True)
+
+    original = docker_task_handler.run_docker_container
+    docker_task_handler.run_docker_container = run_container
+    try:
+        yield
+    finally:
+        docker_task_handler.run_docker_container = original
 
 
 def docker_runner(arguments: dict[str, Any]):

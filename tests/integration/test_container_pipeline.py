@@ -75,3 +75,23 @@ def test_registered_and_exported_as_the_subprocess_runner(docker_run, client):
     repository = Path(docker_run["repository"])
     assert (repository / docker_run["model_name"] / "config.pbtxt").exists()
     assert json.loads((repository / "validation.json").read_text())["max_abs_diff"] <= 1e-5
+
+
+def test_a_task_failing_in_its_container_fails_and_leaves_no_container(train_image, tmp_path):
+    """A task that ends within a second, as the run-time checks do, still reports its own exit status."""
+    import contextlib
+
+    import docker
+    import kfp.local
+
+    from ctrflow_components.resources import accelerator_type
+    from ctrflow_pipelines.local import containers_kept_until_read
+
+    with contextlib.closing(docker.from_env()) as engine:
+        before = {container.id for container in engine.containers.list(all=True)}
+        kfp.local.init(runner=kfp.local.DockerRunner(), pipeline_root=str(tmp_path))
+        with containers_kept_until_read():
+            assert accelerator_type(num_gpus=1, gpu_type="NVIDIA_H100_80GB").output == "NVIDIA_H100_80GB"
+            with pytest.raises(RuntimeError, match="FAILURE"):
+                accelerator_type(num_gpus=-1, gpu_type="NVIDIA_H100_80GB")
+        assert {container.id for container in engine.containers.list(all=True)} == before
