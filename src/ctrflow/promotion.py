@@ -96,7 +96,7 @@ def recomputed_auc(client: MlflowClient, tracking_uri: str, name: str, version, 
                                        tracking_uri=tracking_uri)
         except (MlflowException, OSError) as err:
             raise UserError(f"model {name} {role} version {version.version}: no checkpoint in its artifact "
-                            f"{source} (not logged by log_pyfunc?): {err}") from None
+                            f"{source} (not registered by ctrflow export?): {err}") from None
         return score_holdout(local, data, split, f"{role} version {version.version} cannot score {data}/{split}")
 
 

@@ -1,6 +1,6 @@
 """The MLflow model registry: a pyfunc that scores raw rows (the AUC gate is `ctrflow.promotion`).
 
-Each export registers a model version whose artifact is an MLflow pyfunc model (`log_pyfunc`): it
+Each export registers a model version whose files are an MLflow pyfunc model (`register_pyfunc`): it
 scores a DataFrame of raw rows (one string column per raw column the dataset description names as
 a feature) with the same code the Triton python models run, and carries the Triton repository
 under `artifacts/triton/`. The export points the `candidate` alias at it; `ctrflow promote`
@@ -19,14 +19,12 @@ from typing import Any
 import mlflow.pyfunc
 import numpy as np
 import pandas as pd
-from mlflow import MlflowClient
 
 from ctrflow.errors import UserError
 from ctrflow.serve import raw_inputs
 
 CANDIDATE = "candidate"
 CHAMPION = "champion"
-ARTIFACT_PATH = "model"  # where `log_pyfunc` puts the pyfunc model in the run's artifacts
 CHECKPOINT = "checkpoint"  # names of the pyfunc's artifacts
 VOCABULARY = "vocabulary"
 TRITON = "triton"
@@ -148,23 +146,13 @@ def _version(package: str) -> str:
     return version(package)
 
 
-def log_pyfunc(tracker_or_client, checkpoint: str | os.PathLike, data: str | os.PathLike,
-               repository: str | os.PathLike | None = None, artifact_path: str = ARTIFACT_PATH,
-               run_id: str | None = None) -> str | None:
-    """Log the raw-rows pyfunc (with the Triton repository inside) under `artifact_path` of a run.
-
-    `tracker_or_client` is a ctrflow `Tracker` (its run) or an `MlflowClient` (then `run_id` is
-    required). Returns `artifact_path`, or None when the tracker tracks nothing. Register it after
-    with `tracker.register_model(name, artifact_path)` (which sets the `candidate` alias).
-    """
-    if run_id is None and getattr(tracker_or_client, "run_id", None) is None:
-        if isinstance(tracker_or_client, MlflowClient):
-            raise ValueError("log_pyfunc with an MlflowClient needs run_id")
+def register_pyfunc(tracker, name: str, checkpoint: str | os.PathLike, data: str | os.PathLike,
+                    repository: str | os.PathLike | None = None, **kwargs: Any) -> str | None:
+    """Register the raw-rows pyfunc (with the Triton repository inside) as a new version of model
+    `name`, a logged model of `tracker`'s run, and point the `candidate` alias at it; `kwargs` go to
+    `tracker.register_model` (tags, description). Returns the version, or None when the tracker
+    tracks nothing."""
+    if tracker.run_id is None:
         return None  # NullTracker: tracking is off
-    with tempfile.TemporaryDirectory(prefix="ctrflow-pyfunc-") as tmp, quiet_artifact_transfers():
-        model_dir = save_pyfunc(checkpoint, data, Path(tmp) / "model", repository)
-        if isinstance(tracker_or_client, MlflowClient):
-            tracker_or_client.log_artifacts(run_id, str(model_dir), artifact_path)
-        else:
-            tracker_or_client.log_artifact(model_dir, artifact_path)
-    return artifact_path
+    with tempfile.TemporaryDirectory(prefix="ctrflow-pyfunc-") as tmp:
+        return tracker.register_model(name, save_pyfunc(checkpoint, data, Path(tmp) / "model", repository), **kwargs)

@@ -49,14 +49,13 @@ def trained(tmp_path_factory):
 
 def register(uri: str, name: str, checkpoint: Path, data: Path, auc: float | None = None) -> str:
     """What an export does: a run with the raw-rows pyfunc, registered as the new candidate."""
-    from ctrflow.registry import log_pyfunc
+    from ctrflow.registry import register_pyfunc
     from ctrflow.tracking.mlflow_tracker import MlflowTracker
 
     with MlflowTracker(uri, "registry-test", run_name="export") as tracker:
         if auc is not None:
             tracker.log_metrics({"auc": auc})
-        assert log_pyfunc(tracker, checkpoint, data) == "model"
-        return tracker.register_model(name, "model")
+        return register_pyfunc(tracker, name, checkpoint, data)
 
 
 def champion(uri: str, name: str = MODEL) -> str:
@@ -116,7 +115,7 @@ def test_promote_never_makes_a_model_at_or_below_chance_the_champion(mlflow_uri,
 
 def test_promote_reads_the_auc_of_the_evaluate_step_of_the_same_pipeline_run(mlflow_uri, trained):
     from ctrflow.promotion import promote
-    from ctrflow.registry import log_pyfunc
+    from ctrflow.registry import register_pyfunc
     from ctrflow.tracking.mlflow_tracker import MlflowTracker
 
     name = MODEL + "-pipeline"
@@ -125,7 +124,7 @@ def test_promote_reads_the_auc_of_the_evaluate_step_of_the_same_pipeline_run(mlf
         with MlflowTracker(mlflow_uri, "registry-test", "evaluate", tags={"ctrflow.step": "evaluate"}, **steps) as ev:
             ev.log_metrics({"auc": 0.7345})
         with MlflowTracker(mlflow_uri, "registry-test", "export", tags={"ctrflow.step": "export"}, **steps) as ex:
-            ex.register_model(name, log_pyfunc(ex, trained / "ckpt40", trained / "data"))
+            register_pyfunc(ex, name, trained / "ckpt40", trained / "data")
 
     verdict = promote(name, mlflow_uri)
 

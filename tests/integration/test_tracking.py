@@ -89,8 +89,7 @@ def test_parent_run_links_its_steps_the_model_and_carries_the_plots(store, tmp_p
         evaluated.log_metrics({"auc": 0.7512})
         evaluated.log_artifact(tmp_path / "roc.png", "evaluate")
     with make_tracker(store, "exp3", "export", tags={"ctrflow.step": "export"}, **steps) as exported:
-        exported.log_artifact(tmp_path / "roc.png", "model")
-        version = exported.register_model("ctr_links", "model")
+        version = exported.register_model("ctr_links", tmp_path)
 
     finish_pipeline_run(store, "exp3", "kfp-5", "FINISHED")
 
@@ -117,13 +116,14 @@ def test_parent_run_links_its_steps_the_model_and_carries_the_plots(store, tmp_p
 def test_register_model_versions_and_candidate_alias(store, tmp_path):
     (tmp_path / "repo").mkdir()
     (tmp_path / "repo" / "config.pbtxt").write_text('name: "ctr"')
-    versions = []
+    versions, runs = [], []
     for _ in range(2):
         with make_tracker(store, "exp", "export") as t:
-            t.log_artifact(tmp_path / "repo", "triton")
-            versions.append(t.register_model("ctr", "triton", description="test", backend="onnxruntime"))
+            versions.append(t.register_model("ctr", tmp_path / "repo", description="test", backend="onnxruntime"))
+            runs.append(t.run_id)
     assert versions == ["1", "2"]
     client = mlflow.MlflowClient(store, registry_uri=store)
+    assert client.list_artifacts(runs[0]) == []  # the files went to the version's logged model only
     assert str(client.get_model_version_by_alias("ctr", "candidate").version) == "2"
     first = client.get_model_version("ctr", "1")
     assert first.tags == {"backend": "onnxruntime"}

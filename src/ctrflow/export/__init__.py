@@ -232,7 +232,7 @@ def validate_staged(staging: Path, name: str, backend: str, model, schema, data,
 def _track(tracker: Tracker, summary: dict, checkpoint, data, schema, max_batch_size: int,
            instance_kind: str) -> None:
     """Params, metrics, and a registered model version (alias `candidate`) whose artifact is the
-    raw-rows pyfunc carrying the Triton repository (`model/artifacts/triton/`); the version is
+    raw-rows pyfunc carrying the Triton repository (its `artifacts/triton/`); the version is
     tagged with the evaluation's `auc` when the export was given one."""
     tracker.log_params({"name": summary["name"], "backend": summary["backend"], "checkpoint": str(checkpoint),
                         "data": str(data), "max_batch_size": max_batch_size, "instance_kind": instance_kind})
@@ -244,15 +244,14 @@ def _track(tracker: Tracker, summary: dict, checkpoint, data, schema, max_batch_
                              ("delta_bytes", "full_bytes", "delta_fraction", "changed_rows", "total_rows")})
     if tracker.run_id is None:  # tracking off: nothing to register (and mlflow may be absent)
         return
-    from ctrflow.registry import log_pyfunc
+    from ctrflow.registry import register_pyfunc
 
-    artifact_path = log_pyfunc(tracker, checkpoint, data, repository=summary["repository"])
     tags = {"backend": summary["backend"], "max_abs_diff": f"{summary['max_abs_diff']:.3g}",
             "schema_hash": schema.vocab_hash, "checkpoint": str(checkpoint)}
     if "auc" in summary:
         tags["auc"] = repr(summary["auc"])  # full precision: promote compares it with other versions
-    version = tracker.register_model(
-        summary["name"], artifact_path, tags=tags,
+    version = register_pyfunc(
+        tracker, summary["name"], checkpoint, data, repository=summary["repository"], tags=tags,
         description=f"ctrflow export of {checkpoint}: Triton ensemble {summary['name']} "
                     f"({summary['backend']}) and a pyfunc scoring raw rows")
     if version is not None:

@@ -27,8 +27,8 @@ class Tracker:
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
         """Attach a file, or a whole directory, to the run."""
 
-    def register_model(self, name: str, artifact_path: str, **kwargs: Any) -> str | None:
-        """Register what was logged under `artifact_path` as a new model version; returns the version."""
+    def register_model(self, name: str, path: str | os.PathLike, **kwargs: Any) -> str | None:
+        """Register the files of the local folder `path` as a new model version; returns the version."""
         return None
 
     def close(self, status: str = "FINISHED", end_ms: int | None = None) -> None:

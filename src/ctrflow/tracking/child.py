@@ -110,10 +110,10 @@ class ChildTracker(Tracker):
         """Attach a file or a directory; returns once it is stored."""
         self._ask("log_artifact", path=os.path.abspath(path), artifact_path=artifact_path)
 
-    def register_model(self, name: str, artifact_path: str, **kwargs: Any) -> str:
-        """Register `artifact_path` of this run as a new version of model `name` (see
+    def register_model(self, name: str, path: str | os.PathLike, **kwargs: Any) -> str:
+        """Register the files of folder `path` as a new version of model `name` (see
         `MlflowTracker.register_model`); returns the version."""
-        return self._ask("register_model", name=name, artifact_path=artifact_path, kwargs=kwargs)
+        return self._ask("register_model", name=name, path=os.path.abspath(path), kwargs=kwargs)
 
     def close(self, status: str = "FINISHED", end_ms: int | None = None) -> None:
         """Log everything sent, end the run with `status` at `end_ms` (default: now), and wait for
@@ -196,7 +196,7 @@ def serve(uri: str, experiment: str, requests, reply) -> None:
             elif tracker is not None and op == "log_artifact":
                 tracker.log_artifact(request["path"], request["artifact_path"])
             elif tracker is not None and op == "register_model":
-                answer["result"] = tracker.register_model(request["name"], request["artifact_path"], **request["kwargs"])
+                answer["result"] = tracker.register_model(request["name"], request["path"], **request["kwargs"])
             elif tracker is not None and op == "close":
                 end(tracker, batch, request["status"], request["end_ms"])
             if tracker is not None and op == "log" and time.monotonic() - flushed > FLUSH_SECONDS:

@@ -11,7 +11,6 @@ import getpass
 import json
 import os
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -86,9 +85,9 @@ class MlflowTracker(Tracker):
         else:
             self.client.log_artifact(self.run_id, str(path), artifact_path)
 
-    def register_model(self, name: str, artifact_path: str, **kwargs: Any) -> str:
-        """Register `artifact_path` of this run as a new version of model `name` and point the
-        alias (`alias=`, default `candidate`) at it. `description=` describes the version; every
+    def register_model(self, name: str, path: str | os.PathLike, **kwargs: Any) -> str:
+        """Register the files of the local folder `path` as a new version of model `name` and point
+        the alias (`alias=`, default `candidate`) at it. `description=` describes the version; every
         other keyword (e.g. `backend=`) becomes a version tag. The version's files are a logged model
         of this run (`log_model`), which links it to this run and its pipeline run."""
         alias = kwargs.pop("alias", "candidate")
@@ -99,7 +98,7 @@ class MlflowTracker(Tracker):
         except MlflowException as err:
             if err.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
-        model = self.log_model(name, artifact_path)
+        model = self.log_model(name, path)
         version = self.client.create_model_version(name, source=model.artifact_location, run_id=self.run_id,
                                                    tags=tags, description=description, model_id=model.model_id)
         # what the UI reads to show a logged model's versions (a tracking server sets it, a local store does not)
@@ -110,18 +109,19 @@ class MlflowTracker(Tracker):
         self.set_tags({"ctrflow.registered_model": f"{name}/{version.version}"})
         return str(version.version)
 
-    def log_model(self, name: str, artifact_path: str):
-        """A logged model named `name` holding a copy of this run's `artifact_path`, an output of this
+    def log_model(self, name: str, path: str | os.PathLike):
+        """A logged model named `name` holding the files of the local folder `path`, an output of this
         run and of its pipeline run. MLflow 3 registers versions from logged models, lists them in the
-        experiment's Models tab and shows a run the versions of its output models."""
+        experiment's Models tab and shows a run the versions of its output models. The files cross
+        to the store once, straight into the logged model (a model holds its checkpoint)."""
         from mlflow.entities import LoggedModelOutput, LoggedModelStatus
 
         from ctrflow.registry import quiet_artifact_transfers
 
         model = self.client.create_logged_model(self.experiment_id, name=name, source_run_id=self.run_id,
                                                 model_type="ctrflow")
-        with tempfile.TemporaryDirectory(prefix="ctrflow-model-") as tmp, quiet_artifact_transfers():
-            self.client.log_model_artifacts(model.model_id, self.client.download_artifacts(self.run_id, artifact_path, tmp))
+        with quiet_artifact_transfers():
+            self.client.log_model_artifacts(model.model_id, str(path))
         self.client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
         for run_id in filter(None, (self.run_id, self.parent_run_id)):
             self.client.log_outputs(run_id, [LoggedModelOutput(model.model_id, 0)])
