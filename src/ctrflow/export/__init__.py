@@ -231,7 +231,7 @@ def validate_staged(staging: Path, name: str, backend: str, model, schema, data,
 
 def _track(tracker: Tracker, summary: dict, checkpoint, data, schema, max_batch_size: int,
            instance_kind: str) -> None:
-    """Params, metrics, and a registered model version (alias `candidate`) whose artifact is the
+    """Params, metrics, and a registered model version (alias `candidate`) whose files are the
     raw-rows pyfunc carrying the Triton repository (its `artifacts/triton/`); the version is
     tagged with the evaluation's `auc` when the export was given one."""
     tracker.log_params({"name": summary["name"], "backend": summary["backend"], "checkpoint": str(checkpoint),
