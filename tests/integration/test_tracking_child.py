@@ -122,3 +122,40 @@ def test_a_store_that_cannot_open_is_one_step_error_naming_it(tmp_path):
                           timeout=600, env={**os.environ, "MLFLOW_LOGGING_LEVEL": "CRITICAL"})
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith(f"ctrflow synth: error: MLflow tracking ({uri}): ")
+
+
+
+def unused_url() -> str:
+    """An http URL of a local port nothing listens on."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def without_proxies() -> dict:
+    return {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+
+
+def test_a_tracking_server_that_does_not_answer_fails_the_step_at_once(tmp_path):
+    uri, started = unused_url(), time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "ctrflow", "synth", "--rows", "100", "--days", "1", "--out",
+                           str(tmp_path / "raw"), "--tracking-uri", uri], capture_output=True, text=True,
+                          timeout=600, env=without_proxies())
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"ctrflow synth: error: MLflow tracking server {uri} does not answer (Connection refused): start it, "
+        "or pass --tracking-uri none to run without tracking"]
+    assert time.monotonic() - started < 60  # MLflow's own retries would take minutes
+    assert not (tmp_path / "raw").exists()  # refused before the step's work
+
+
+def test_a_pipeline_run_against_a_server_that_does_not_answer_is_refused_in_one_line(monkeypatch):
+    from ctrflow.errors import UserError
+    from ctrflow.tracking import start_pipeline_run
+
+    for key in set(os.environ) - set(without_proxies()):
+        monkeypatch.delenv(key)
+    with pytest.raises(UserError, match="does not answer"):
+        start_pipeline_run(unused_url(), "exp", "pipeline", "kfp-1", {})

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
+from urllib.request import getproxies, proxy_bypass
 
+from ctrflow.errors import UserError
 from ctrflow.tracking.base import NullTracker, Tracker
 from ctrflow.tracking.child import ChildTracker, take
 
@@ -54,6 +58,22 @@ def resolve_tracking_uri(uri: str | None) -> str:
     return uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
 
 
+def check_server(uri: str, timeout: float = 5.0) -> None:
+    """For an http(s) tracking URI, a UserError at once when nothing listens at its host and port:
+    MLflow's client would retry every call with backoff for minutes before failing."""
+    parts = urlsplit(uri)
+    if parts.scheme not in ("http", "https"):
+        return
+    if getproxies().get(parts.scheme) and not proxy_bypass(parts.hostname):
+        return  # reached through a proxy: this machine may not reach the host itself
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout).close()
+    except OSError as err:
+        raise UserError(f"MLflow tracking server {uri} does not answer ({err.strerror or err}): start it, "
+                        "or pass --tracking-uri none to run without tracking") from None
+
+
 def make_tracker(uri: str | None, experiment: str = "ctrflow", run_name: str | None = None,
                  parent_run_id: str | None = None, tags: dict[str, str] | None = None,
                  start_ms: int | None = None) -> Tracker:
@@ -67,7 +87,7 @@ def make_tracker(uri: str | None, experiment: str = "ctrflow", run_name: str | N
     uri = resolve_tracking_uri(uri)
     if uri.lower() == "none":
         return NullTracker()
-    started = take(uri)
+    started = take(uri)  # its server was checked when the child started
     if started is not None:
         return ChildTracker(started[0], uri, experiment, run_name, parent_run_id, tags or {}, started[1])
     try:
@@ -75,6 +95,7 @@ def make_tracker(uri: str | None, experiment: str = "ctrflow", run_name: str | N
     except ImportError as err:  # e.g. the GPU machine, which has no mlflow
         print(f"ctrflow: tracking disabled ({err})", file=sys.stderr)
         return NullTracker()
+    check_server(uri)
     return MlflowTracker(uri, experiment, run_name, parent_run_id, tags or {}, start_ms=start_ms)
 
 

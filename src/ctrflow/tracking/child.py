@@ -44,12 +44,13 @@ def prepare_from_args(args) -> None:
     (`ctrflow preprocess count|merge|transform|finalize`)."""
     import importlib.util
 
-    from ctrflow.tracking import resolve_tracking_uri
+    from ctrflow.tracking import check_server, resolve_tracking_uri
 
     uri = resolve_tracking_uri(getattr(args, "tracking_uri", None))
     if (uri.lower() == "none" or getattr(args, "action", None) or int(os.environ.get("RANK", 0)) != 0
             or uri in _started or importlib.util.find_spec("mlflow") is None):
         return
+    check_server(uri)  # before the step's work: a server that is down fails the command in one line
     main = "from ctrflow.tracking.child import main; main()"  # not `-m`: the package imports this module
     child = subprocess.Popen([sys.executable, "-c", main, uri, getattr(args, "experiment", "ctrflow")],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
