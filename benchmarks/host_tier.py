@@ -6,7 +6,7 @@ memory with a GPU cache of hot rows (`ctrflow.embedding.placement`; the fused pa
     PYTHONPATH=src python3 benchmarks/host_tier.py --shape onehot-dim256   # 179 GiB of tables: cached only
     PYTHONPATH=src python3 benchmarks/host_tier.py --path plain            # the plain collection
     PYTHONPATH=src python3 benchmarks/host_tier.py --small                 # tiny, on the CPU: seconds
-    PYTHONPATH=src python3 benchmarks/host_tier.py --profile DIR           # + each side's time per operation
+    PYTHONPATH=src python3 benchmarks/host_tier.py --profile DIR           # + each side's profile and timeline
     PYTHONPATH=src python3 benchmarks/host_tier.py --dense fp8             # the whole DLRMv2 training step
 
 Shapes: `dlrmv2` is MLPerf DLRMv2's (26 tables of its sizes, capped at `--row-cap`, bags of its hotness,
@@ -22,7 +22,8 @@ it is the whole training step instead: the DLRMv2 shape's DCNv2 as `benchmarks/d
 trains it, the one-hot shape's DLRM as `benchmarks/sharded_scale.py` does (bottom 512-256, top
 1024-1024-512-256), the head compiled, dense Adam, the step graphed as `ctrflow train` graphs it
 (`GraphedStep`: with host tables each batch's lookup runs before the replay, and the next batch's rows
-move beside the step; `--cuda-graphs off`: eager). `device` keeps
+move beside the step; `--cuda-graphs off`: eager), with torch's CPU threads as `ctrflow train` sets
+them beside host tables (`move_threads`; `OMP_NUM_THREADS` overrides). `device` keeps
 every table on the GPU; `cached` keeps the tables within `--budget-gib` of GPU memory (weights and
 Adagrad state; `place_in_budget`) and the others in host memory with caches filling the rest of
 the budget. Each side is built alone (the other freed first); samples/s from the median step of
@@ -50,6 +51,7 @@ from ctrflow.accel.plan import RunPlan
 from ctrflow.contract.features import Features
 from ctrflow.embedding.collection import EmbeddingCollection, deferred_tables
 from ctrflow.embedding.fused import FusedEmbeddingCollection
+from ctrflow.embedding.fused.cached import move_threads
 from ctrflow.embedding.optimizers import SparseOptimizer, state_bytes
 from ctrflow.embedding.placement import HostTier, place_in_budget
 from ctrflow.embedding.plan import plan_sharding
@@ -253,7 +255,8 @@ def pcie_rates(coll: FusedEmbeddingCollection, nbytes: int, device: torch.device
 
 def write_profile(one_step, path: str, steps: int = 3) -> None:
     """GPU and CPU time per operation of `steps` more steps: which kernels the cached step adds, and
-    whether it waits on the GPU or on the Python that queues it."""
+    whether it waits on the GPU or on the Python that queues it; and their timeline, every thread and
+    stream (a Chrome trace beside `path`, for Perfetto or chrome://tracing)."""
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
         for _ in range(steps):
@@ -261,6 +264,7 @@ def write_profile(one_step, path: str, steps: int = 3) -> None:
         torch.cuda.synchronize()
     table = prof.key_averages()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    prof.export_chrome_trace(path.removesuffix(".txt") + ".trace.json")
     with open(path, "w") as f:
         f.write(f"{steps} steps, by GPU time\n")
         f.write(table.table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=60))
@@ -281,7 +285,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--small", action="store_true", help="tiny tables on the CPU, a budget of 30%% of them")
-    p.add_argument("--profile", default="", help="folder: each side's GPU and CPU time per operation of 3 steps")
+    p.add_argument("--profile", default="",
+                   help="folder: each side's GPU and CPU time per operation of 3 steps, and their timeline")
     p.add_argument("--dense", choices=["none", "bf16", "fp8"], default="none",
                    help="time the whole training step, its dense part in this precision (fused path)")
     p.add_argument("--cuda-graphs", choices=["auto", "off"], default="auto",
@@ -302,6 +307,8 @@ def main(argv: list[str] | None = None) -> dict:
     """Parse flags, time the sides, print and return the JSON record."""
     args = parse(argv)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.small else "cpu")
+    if device.type == "cuda" and args.path == "fused" and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(move_threads())  # as `ctrflow train` sets them
     tables = shape_tables(args)
     total = sum(adagrad_bytes(t) for t in tables)
     budget = int(0.3 * total) if args.small else int(args.budget_gib * GIB)

@@ -7,6 +7,7 @@ placement, its CUDA-graphed step training like its eager one."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from ctrflow.cli import main
 from ctrflow.embedding.collection import EmbeddingCollection
 from ctrflow.embedding.fused import ops
 from ctrflow.embedding.fused.cache import AGES, SlotCache, count_ages
+from ctrflow.embedding.fused.cached import SPARE_CORES, move_threads
 from ctrflow.embedding.tables import TableConfig
 from tests.fixtures.bags import bag_batches, bag_tables
 from tests.fixtures.host_tier import (cached_collection, fused_pair, fused_whole, train, train_fused, whole,
@@ -124,6 +126,8 @@ def test_a_graphed_step_with_host_tables_trains_like_the_eager_one(tmp_path):
                      "--tracking-uri", "none"]) == 0
         plan = json.loads((out / "config.json").read_text())["plan"]
         assert ", host " in plan["placement"] and plan["cuda_graphs"] == ("on" if graphs == "auto" else "off")
+        # cores left to the threads beside the moves, the same in a second run in this process
+        assert plan["cpu_threads"] == move_threads() <= max(1, len(os.sched_getaffinity(0)) - SPARE_CORES)
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         runs[graphs] = ([r["loss"] for r in rows if "loss" in r],
                         json.loads((out / "train_summary.json").read_text())["valid_auc"])

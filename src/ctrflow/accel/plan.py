@@ -22,6 +22,7 @@ from ctrflow.accel.fp8.linear import check_fp8_device
 from ctrflow.accel.fused import FUSED_KINDS, FUSED_MIN_DIM, use_fused
 from ctrflow.accel.graphs import use_graphs
 from ctrflow.config import OptimConfig, TrainConfig
+from ctrflow.embedding.fused.cached import move_threads
 from ctrflow.embedding.optimizers import choose_kind, sparse_memory
 from ctrflow.embedding.placement import HostTier, placement_summary
 from ctrflow.embedding.plan import ShardingPlan
@@ -70,6 +71,9 @@ class RunPlan:
     exchange_in_place: bool = False  # DLRM's fused interaction reads the all-to-all's buffers
     loader: str = ""  # the train split: "memory on DEVICE" | "stream"
     optim: OptimConfig = field(default_factory=OptimConfig)  # the fused tables' optimizer and learning rate
+    # torch's CPU threads, where the run sets them (0: --threads or torch's default): fewer beside the
+    # moves of fused tables in host memory on a GPU (`ctrflow.embedding.fused.cached.move_threads`)
+    cpu_threads: int = 0
 
     @property
     def amp(self) -> torch.dtype | None:
@@ -93,7 +97,7 @@ class RunPlan:
                 "dense_sync": self.dense_sync, "cuda_graphs": _on(self.cuda_graphs), "compile": self.compile,
                 **{f"precision.{k}": v for k, v in self.precision().items()},
                 "align_linear": _on(self.align_linear), "exchange_in_place": _on(self.exchange_in_place),
-                "loader": self.loader or "none"}
+                "loader": self.loader or "none", "cpu_threads": self.cpu_threads or torch.get_num_threads()}
 
     def sharding_summary(self) -> str:
         """"none" (one process), one sharding type, or tables per type ("table 20, data 6")."""
@@ -145,7 +149,9 @@ def plan_run(config: TrainConfig, runtime: Runtime, model: nn.Module, loader: st
         compile=compile_scope(model) if compiled else "off", autocast="bf16" if amp is not None else "fp32",
         fp8=Fp8Plan() if config.precision == "fp8" else None, align_linear=runtime.device.type == "cuda",
         exchange_in_place=(runtime.distributed and fused and static and type(model.interaction) is DotInteraction),
-        loader=loader, optim=_resolved_optim(config.optim, model))
+        loader=loader, optim=_resolved_optim(config.optim, model),
+        cpu_threads=move_threads() if fused and host and runtime.device.type == "cuda"
+        and not config.threads else 0)
 
 
 def autocast_dtype(config: TrainConfig, runtime: Runtime) -> torch.dtype | None:

@@ -153,7 +153,8 @@ class TrainConfig:
     # the valid split equal the observed click rate (ctrflow.train.calibration); False: the trained bias
     calibrate: bool = True
     device: str = "auto"  # auto | cpu | cuda
-    threads: int | None = None  # torch intra-op threads on the CPU; None: torch's default
+    # torch intra-op threads on the CPU; None: torch's default, 4 fewer beside fused tables in host memory
+    threads: int | None = None
     resume: str | None = None
     # warm start: a checkpoint's weights and optimizer state, tables grown to this data's vocabularies
     # (`ctrflow.train.warm_start`); a fresh position and schedule. --resume wins when both are given.

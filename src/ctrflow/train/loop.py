@@ -148,6 +148,8 @@ def _build(config: TrainConfig, runtime: Runtime, schema: Schema, loader: str) -
     if schema.label_rate is not None and not (config.resume or config.init_from):  # fresh: the click rate
         model.set_output_bias(schema.label_rate)
     plan = plan_run(config, runtime, model, loader)
+    if plan.cpu_threads:
+        torch.set_num_threads(plan.cpu_threads)
     built = accelerate(model, plan, runtime)
     plan = replace(plan, exchange_in_place=built.changes["exchange_in_place"])  # what build could apply
     tables = FusedTables(built.fused, config.optim.sparse) if plan.embedding == "fused" else None

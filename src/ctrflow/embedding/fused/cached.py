@@ -25,6 +25,7 @@ takes the batch's lookup out of it (waiting for its prefetch is host work) and c
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -32,6 +33,22 @@ import torch
 
 from ctrflow.embedding.cache import take_queued
 from ctrflow.embedding.fused.cache import SlotCache
+
+
+# cores left out of torch's CPU threads while host tables move beside the step: the step's thread,
+# autograd's, and the mover's and writer's waits on the GPU (CUDA's waits spin on a core). The moves
+# split their rows over torch's threads in equal shares, so one thread sharing its core holds all of them
+SPARE_CORES = 4
+
+
+def move_threads() -> int:
+    """torch's CPU threads for a process whose fused host tables move beside the step: SPARE_CORES
+    fewer than the cores it may run on, at most torch's own choice (so calling it again changes
+    nothing). On one H200 with 16 cores the DLRMv2 shape's cached step (0.2 GB of random rows each
+    way a step) took 39.5-41.3 ms in five runs with 12 threads and 44.3 with 16 on one machine, and
+    45.3 against 66.0 ms eager on another (benchmarks/NOTES.md, "Tables in host memory")."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(torch.get_num_threads(), cores - SPARE_CORES))
 
 
 class CachedTables:
