@@ -1,4 +1,5 @@
-"""`ctrflow train --out DIR` where DIR holds a run: refused without --resume, started over with --overwrite."""
+"""`ctrflow train --out DIR` where DIR holds a run: refused without --resume, started over with --overwrite;
+flags that make no run (negative counts) refused before DIR is made."""
 
 from __future__ import annotations
 
@@ -61,3 +62,11 @@ def test_overwrite_and_resume_together_are_refused(data_dir, tmp_path, capsys):
     out = tmp_path / "ckpt"
     assert main(train_argv(data_dir, out, "--max-steps", "1", "--overwrite", "--resume", str(out))) == 2
     assert "--overwrite starts over and --resume continues: give one of them" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--threads", "--max-steps", "--epochs"])
+def test_a_negative_count_is_refused_in_one_line_before_any_output(data_dir, tmp_path, capsys, flag):
+    out = tmp_path / "ckpt"
+    assert main(train_argv(data_dir, out, flag, "-2")) == 2
+    assert capsys.readouterr().err == f"ctrflow train: error: {flag} must not be negative, got -2\n"
+    assert not out.exists()

@@ -101,6 +101,9 @@ def train(config: TrainConfig, tracker: Tracker | None = None, reporter: Reporte
 
 
 def _setup(config: TrainConfig, tracker: Tracker, runtime: Runtime) -> Session:
+    for flag, count in (("--threads", config.threads), ("--max-steps", config.max_steps), ("--epochs", config.epochs)):
+        if count is not None and count < 0:
+            raise UserError(f"{flag} must not be negative, got {count}")
     claim_out(config, runtime.is_main)  # before any work: a run already in --out needs --resume or --overwrite
     if config.threads:
         torch.set_num_threads(config.threads)
