@@ -1,5 +1,6 @@
-"""The rows a training step must move for tables in host memory: ctrflow's cache (LRU over batches) against
-the best any cache could do, from the ids' distribution alone.
+"""The rows a training step must move for tables in host memory: an LRU cache over batches (the plain path's
+`HostCache`) against the best any cache could do, from the ids' distribution alone. The fused path's
+frequency cache comes within 7 % of the best at the DLRMv2 shape (`benchmarks/NOTES.md`).
 
     PYTHONPATH=src python3 benchmarks/cache_model.py                  # DLRMv2 shape, 32 GiB budget
     PYTHONPATH=src python3 benchmarks/cache_model.py --rows-per-s 28.7e6

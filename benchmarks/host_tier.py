@@ -27,10 +27,10 @@ them beside host tables (`move_threads`; `OMP_NUM_THREADS` overrides). `device` 
 every table on the GPU; `cached` keeps the tables within `--budget-gib` of GPU memory (weights and
 Adagrad state; `place_in_budget`) and the others in host memory with caches filling the rest of
 the budget. Each side is built alone (the other freed first); samples/s from the median step of
-`--iters` steps after `--warmup` steps and, on the cached side, as many more as fill every cache (the
-steady state: each row read in evicts one; the hit rate and the bytes moved are counted after the
-warmup). The record also gives the bus's rates (`pcie_rates`). `--small` runs on the CPU in seconds with
-a budget of 30 % of the tables' bytes. Prints one JSON line. Imports only torch, triton and ctrflow.
+`--iters` steps after `--warmup` steps and, on the cached side, as many more as fill every cache and
+bring the rows read in a step to their steady level (`warm_up`; the hit rate and the bytes moved are
+counted after the warmup). The record also gives the bus's rates (`pcie_rates`). `--small` runs on the
+CPU in seconds with a budget of 30 % of the tables' bytes. Prints one JSON line. Imports only torch, triton and ctrflow.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from ctrflow.accel.plan import RunPlan
 from ctrflow.contract.features import Features
 from ctrflow.embedding.collection import EmbeddingCollection, deferred_tables
 from ctrflow.embedding.fused import FusedEmbeddingCollection
+from ctrflow.embedding.fused.cache import write_rows
 from ctrflow.embedding.fused.cached import move_threads
 from ctrflow.embedding.optimizers import SparseOptimizer, state_bytes
 from ctrflow.embedding.placement import HostTier, place_in_budget
@@ -174,16 +175,35 @@ def dense_step(coll: FusedEmbeddingCollection, args, device: torch.device, label
     return lambda ids: graph(model, Batch(dense, ids, labels), opts, device)
 
 
-def warm_up(coll, one_step, steps: int, most: int = 2000) -> int:
-    """`steps` steps, then more until every host cache is full (at most `most` in all): the steady state,
-    where each row read in evicts one, written back when a training batch changed it. Returns the steps."""
+def warm_up(coll, one_step, steps: int, most: int, window: int = 100) -> int:
+    """`steps` steps, then more until every host cache is full and the rows read in a step stop falling
+    (a `window` of steps reads 1 % or less fewer than the one before; at most `most` steps in all): the
+    steady state, where each row read in evicts one, written back when a training batch changed it, and
+    the fused cache's counts have parted the hot rows from the rest. Returns the steps."""
     caches = list(coll.caches.values()) if isinstance(coll, EmbeddingCollection) else (
         list(coll.host.caches.values()) if coll.host is not None else [])
     done = 0
     while done < steps or (done < most and any(bool((c.id_of[:c.cache_rows] < 0).any()) for c in caches)):
         one_step()
         done += 1
+    before = None
+    while caches and done + window <= most:
+        start = rows_read(coll)
+        for _ in range(window):
+            one_step()
+        done += window
+        read = rows_read(coll) - start
+        if before is not None and read > 0.99 * before:
+            break
+        before = read
     return done
+
+
+def rows_read(coll) -> int:
+    """Rows the host caches have read in so far."""
+    if isinstance(coll, EmbeddingCollection):
+        return sum(c.rows_looked_up - c.rows_hit for c in coll.caches.values())
+    return sum(int(c.stats[2]) for c in coll.host.caches.values())
 
 
 def restart_hit_rate(coll) -> None:
@@ -210,7 +230,7 @@ def time_side(tables, args, device: torch.device, budget: int | None) -> dict:
         step(turn["ids"], following)
         turn["ids"] = following
 
-    warmup = warm_up(coll, one_step, args.warmup)
+    warmup = warm_up(coll, one_step, args.warmup, args.max_warmup)
     restart_hit_rate(coll)
     ms = median_ms(one_step, device, 0, args.iters)
     moved = coll.host.bytes_moved() if isinstance(coll, FusedEmbeddingCollection) and coll.host else None
@@ -232,10 +252,12 @@ def time_side(tables, args, device: torch.device, budget: int | None) -> dict:
 def pcie_rates(coll: FusedEmbeddingCollection, nbytes: int, device: torch.device, repeats: int = 5) -> dict:
     """GB/s between pinned host memory and the GPU: bulk copies of `nbytes` (the bus's rate), and as many
     distinct random rows of the largest host table (weights only; the cache's access pattern) moved as
-    the cache moves them: gathered by the CPU into pinned memory and copied to the GPU, and back."""
-    host = max((c.host[0] for c in coll.host.caches.values()), key=lambda t: t.numel())
+    the cache moves them: gathered by the CPU into pinned memory and copied to the GPU; and back, copied
+    and scattered by the CPU and (where the table is registered with CUDA) written by the GPU."""
+    cache = max(coll.host.caches.values(), key=lambda c: c.host[0].numel())
+    host = cache.host[0]
     rows = max(1, min(nbytes // (host[0].numel() * host.element_size()), host.shape[0]))
-    picked = torch.randperm(host.shape[0])[:rows]
+    picked = torch.randperm(host.shape[0])[:rows].sort().values  # in row order, as the cache moves them
     pinned = torch.empty((rows, *host.shape[1:]), dtype=host.dtype, pin_memory=True)
     onto = torch.empty(pinned.shape, dtype=host.dtype, device=device)
 
@@ -248,6 +270,9 @@ def pcie_rates(coll: FusedEmbeddingCollection, nbytes: int, device: torch.device
              "bulk_to_host": lambda: pinned.copy_(onto, non_blocking=True),
              "rows_to_gpu": lambda: onto.copy_(torch.index_select(host, 0, picked, out=pinned), non_blocking=True),
              "rows_to_host": rows_to_host}  # the rows read, unchanged
+    if cache.mapped:
+        slots, count, at = torch.arange(rows, device=device), torch.tensor([rows], device=device), picked.to(device)
+        moves["rows_to_host_by_gpu"] = lambda: write_rows(onto, slots, host, at, count, rows)
     moves["rows_to_gpu"]()
     moved = rows * host[0].numel() * host.element_size()
     return {name: moved / median_ms(move, device, 1, repeats) / 1e6 for name, move in moves.items()}
@@ -282,6 +307,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="GPU memory the cached side's tables may take (default 32; onehot-dim256: 100)")
     p.add_argument("--lr", type=float, default=0.004)
     p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--max-warmup", type=int, default=4000,
+                   help="warmup steps at most, on the cached side (`warm_up`)")
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--small", action="store_true", help="tiny tables on the CPU, a budget of 30%% of them")
@@ -299,7 +326,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.batch = args.batch or (65536 if onehot else 55296)
     args.budget_gib = args.budget_gib if args.budget_gib is not None else (100.0 if onehot else 32.0)
     if args.small:
-        args.batch, args.dim, args.row_cap, args.warmup, args.iters = 32, 16, 20000, 3, 5
+        args.batch, args.dim, args.row_cap, args.warmup, args.max_warmup, args.iters = 32, 16, 20000, 3, 50, 5
     return args
 
 

@@ -1,7 +1,8 @@
 """The host tier on a GPU: tables in host memory with small GPU caches train like the same tables all on
 the GPU (50 steps of every sparse optimizer, one-hot and multi-hot, the next batch prefetched on the side
-stream or in line; the plain path, and the fused path's Triton kernels with its rows moved in bulk
-copies by a thread of their own), and `ctrflow train --embedding-memory-gib` runs and records its
+stream or in line; the plain path, and the fused path's Triton kernels with the rows arriving moved in
+bulk copies by a thread of their own and the rows leaving written by the GPU, or by the CPU where the
+host table is not registered with CUDA), and `ctrflow train --embedding-memory-gib` runs and records its
 placement, its CUDA-graphed step training like its eager one."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from ctrflow.cli import main
 from ctrflow.embedding.collection import EmbeddingCollection
 from ctrflow.embedding.fused import ops
-from ctrflow.embedding.fused.cache import AGES, SlotCache, count_ages
+from ctrflow.embedding.fused.cache import BUCKETS, SlotCache, count_buckets
 from ctrflow.embedding.fused.cached import SPARE_CORES, move_threads
 from ctrflow.embedding.tables import TableConfig
 from tests.fixtures.bags import bag_batches, bag_tables
@@ -76,10 +77,13 @@ def test_fused_host_tables_on_a_gpu_train_like_tables_in_the_buffer(optimizer, s
 
 
 @pytest.mark.parametrize("parts", [1, 2, 3])  # weights; row-wise Adagrad's sum; Adam's two moments
-def test_a_cache_moves_rows_and_their_state_between_host_memory_and_the_gpu(parts):
+@pytest.mark.parametrize("writer", ["gpu", "cpu"])  # the host table registered, or not (CUDA refused it)
+def test_a_cache_moves_rows_and_their_state_between_host_memory_and_the_gpu(parts, writer):
     shapes = [(1000, 128), (1000,), (1000, 128)][:parts]
     buffers = [torch.zeros(64, *shape[1:], device="cuda") for shape in shapes]
     cache = SlotCache(1000, 0, 64, False, buffers)
+    assert cache.mapped
+    cache.mapped = writer == "gpu"
     for h in cache.host:
         h.copy_(torch.randn(h.shape))
     cache.empty(buffers)
@@ -97,11 +101,11 @@ def test_a_cache_moves_rows_and_their_state_between_host_memory_and_the_gpu(part
 
 
 @pytest.mark.parametrize("n", [1, 4095, 4097, 3_000_001])
-def test_the_age_histogram_counts_like_torch(n):
-    age = torch.randint(0, AGES, (n,), device="cuda")
-    age[: n // 2] = AGES - 1  # most slots in one bucket, as in a full cache
-    expected = torch.histc(age.double().cpu(), bins=AGES, min=0, max=AGES).long()
-    assert torch.equal(count_ages(age).long().cpu(), expected)
+def test_the_bucket_histogram_counts_like_torch(n):
+    bucket = torch.randint(0, BUCKETS, (n,), device="cuda")
+    bucket[: n // 2] = BUCKETS - 1  # most slots in one bucket, as in a full cache
+    expected = torch.histc(bucket.double().cpu(), bins=BUCKETS, min=0, max=BUCKETS).long()
+    assert torch.equal(count_buckets(bucket).long().cpu(), expected)
 
 
 def test_train_fused_on_a_gpu_keeps_tables_beyond_the_budget_in_host_memory(tmp_path):

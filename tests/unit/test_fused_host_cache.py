@@ -2,13 +2,15 @@
 host memory with caches of slots in its buffer trains bitwise like the same collection with every table
 in the buffer (every fused optimizer, one-hot and multi-hot, a cache far smaller than the tables, the
 next batch prefetched or not), evicts and writes back, reads through the cache when evaluating, loads
-and writes whole tables, and refuses a cache that cannot hold two batches."""
+and writes whole tables, refuses a cache that cannot hold two batches, and keeps the rows looked up
+most often."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from ctrflow.embedding.fused.cache import SlotCache
 from ctrflow.embedding.tables import TableConfig
 from ctrflow.errors import UserError
 from tests.fixtures.bags import bag_batches, bag_tables
@@ -107,3 +109,14 @@ def test_prefetching_two_batches_ahead_is_refused():
     cached.prefetch(batches[1])
     with pytest.raises(RuntimeError, match="at most one batch ahead"):
         cached.prefetch(batches[2])
+
+
+def test_a_row_looked_up_often_outstays_rows_looked_up_once():
+    parts = [torch.zeros(6, 2)]
+    cache = SlotCache(100, 0, 6, padding=False, parts=parts)
+    for k in range(10):  # row 5 in every batch, each other row once
+        cache.place(torch.tensor([5, 10 + k]), parts, train=True)
+    for k in range(6):  # then 12 rows looked up once: LRU would evict row 5 by the third of these batches
+        cache.place(torch.tensor([50 + 2 * k, 51 + 2 * k]), parts, train=True)
+    assert int(cache.slot_of[5]) >= 0
+    assert int(cache.stats[2]) == 1 + 10 + 12  # row 5 read in once

@@ -28,7 +28,7 @@ REPLICATE_BYTES = 1 << 20  # auto: tables up to 1 MiB are replicated (a dense al
 FUSED_REPLICATE_BYTES = 32 << 20
 # where a shard lives (`ctrflow.embedding.placement` chooses) and what a host shard costs on the device
 DEVICE, HOST = "device", "host"
-SLOT_MAP_BYTES = 4  # per row of a host shard, on the device: its cache slot (int32; -1: not cached)
+SLOT_MAP_BYTES = 5  # per row of a host shard, on the device: its cache slot (int32; -1: not cached), its count (fused)
 SLOT_BYTES = 17  # per cache slot: the row it holds (int64), its last use (int64), dirty (bool)
 
 

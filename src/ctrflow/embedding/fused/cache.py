@@ -8,41 +8,59 @@ is three parts: `reserve`, the host's check of the batch's size against the cach
 the bookkeeping, which reads nothing back to the host, so a CUDA graph can hold it
 (`ctrflow.embedding.fused.cached` replays it); and `move`, the rows' copies it decides:
 
-- `slot_of` [rows] int32 (-1: not cached), `id_of` [C] int64 (-1: empty), `used` [C] int64 (the
-  number of the last batch that looked the slot up, counted by `clock` on the device), `dirty` [C]
-  bool; each with one spare entry at its end, where the writes of masked-out lanes land, so that no
-  tensor's size depends on the ids.
+- `slot_of` [rows] int32 (-1: not cached), `seen` [rows] uint8 (the batches that looked the row up,
+  cached or not, at most `CAP`, halved every `HALF_LIFE` batches), `id_of` [C] int64 (-1: empty),
+  `used` [C] int64 (the number of the last batch that looked the slot up, counted by `clock` on the
+  device), `dirty` [C] bool; each with one spare entry at its end, where the writes of masked-out
+  lanes land, so that no tensor's size depends on the ids.
 - Misses: the first occurrence of each row not cached claims the row in `slot_of` (the least code
   wins), then the claimed rows are packed first; their count stays on the device.
-- Victims: LRU over batches, in `AGES` buckets of age (slots idle for `AGES - 1` batches or more, or
-  never used, share the oldest). The oldest buckets are taken whole, the last one in slot order,
+- Victims: the least frequently used rows, counted over batches with a half-life (LFU with decay, as
+  FBGEMM's LFU cache keeps a count per row): slots go into `BUCKETS` buckets by their row's `seen`,
+  empty slots in the coldest, and the coldest buckets are taken whole, the last one in slot order,
   until the misses are covered. A slot of this batch or of the previous one is never taken (that
   step may still be running beside a prefetch), so a cache that holds two batches' ids always has
   room; a smaller one is refused before the batch is placed (the batch's size is known on the host).
-- Moves: victims holding rows a training batch looked up (dirty) are written back to host memory
-  with their state, and the missing rows and their state are read in. The CPU gathers and scatters
-  the rows in host memory (many threads: random rows at tens of GB/s) and the GPU in its own memory,
-  and each batch's rows cross the bus in one bulk copy each way, which the copy engines run beside
-  the step. The GPU reading host rows one by one instead moves about 29 M rows a second and slows the
-  step's kernels beside it (benchmarks/NOTES.md, "Tables in host memory"). `move` reads back the
-  copies' sizes and the rows they name (`cached.CachedTables` runs it in a thread of its own).
+  Under the power laws of click logs most misses are rows looked up once in a long while: a count
+  that outlives the row's stay in the cache keeps them from evicting the rows looked up every few
+  batches, which LRU over batches does. On the DLRMv2 shape's ids (`benchmarks/cache_model.py`) LRU
+  misses 39 % more rows than a cache of the most likely rows, and this policy 7 % more (measured on an
+  H200, `benchmarks/NOTES.md`).
+- Moves, each list in row order: victims holding rows a training batch looked up (dirty) are written
+  back to host memory with their state, and the missing rows and their state are read in. The GPU
+  writes the rows leaving straight into the host table (registered with CUDA) with a kernel of 132
+  programs, while the CPU gathers the rows arriving in host memory (many threads: random rows at tens
+  of GB/s) into one block that crosses the bus in a bulk copy, which the copy engines run beside the
+  step. Random rows cross the bus through the host's address translation at about 29 M a second
+  either way, about twice that in row order; the writes are posted and cost the CPU nothing, and the CPU's gathers keep the reads off
+  the SMs (benchmarks/NOTES.md, "Tables in host memory"). `move` reads back the copies' sizes and
+  the rows arriving (`cached.CachedTables` runs it in a thread of its own).
 - `stats` counts the distinct rows looked up and found cached, and the rows read in and written back.
 - A multi-hot table's padding row 0 stays in slot 0 (the kernels skip id 0 of a bag).
 """
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+import weakref
+from typing import NamedTuple
 
 import torch
 
 from ctrflow.embedding.fused import ops
 from ctrflow.errors import UserError
 
-NEVER = -1  # `used` of an empty slot (the oldest age)
+NEVER = -1  # `used` of an empty slot
 PINNED = 2**62  # `used` of the padding slot: never a victim
-AGES = 64  # age buckets: few enough to count in registers (`kernels.age_histogram_kernel`)
-AGE_BLOCK = 4096  # slots a program of `age_histogram_kernel` counts
+BUCKETS = 64  # victim buckets: few enough to count in registers (`kernels.bucket_histogram_kernel`)
+CAP = BUCKETS - 2  # the largest count: bucket BUCKETS - 1 - count, bucket 0 never taken
+# batches between halvings of the counts: long enough that the rows at the edge of a DLRMv2 cache, looked up
+# about once in 100 batches, count above the rows looked up once; short enough to follow ids that drift
+HALF_LIFE = 1024
+BUCKET_BLOCK = 4096  # slots a program of `bucket_histogram_kernel` counts
+WRITE_ROWS = 32  # rows a program of `write_rows_kernel` writes at a time
+# its programs, each looping over blocks: random rows cross at the same rate from 132 programs to 1,056
+# (the host's address translation bounds them), and fewer leave more of the GPU to the step beside them
+WRITE_PROGRAMS = 132
 
 
 class Moves(NamedTuple):
@@ -67,7 +85,10 @@ class SlotCache:
         self.host = [torch.empty((rows, *p.shape[1:]), dtype=p.dtype) for p in parts]
         for state in self.host[1:]:
             state.zero_()
+        # the GPU writes evicted rows into host tables it can address (`move`)
+        self.mapped = device.type == "cuda" and ops.kernels is not None and all(map(register, self.host))
         self.slot_of = torch.full((rows + 1,), -1, dtype=torch.int32, device=device)
+        self.seen = torch.zeros(rows + 1, dtype=torch.uint8, device=device)
         self.id_of = torch.full((cache_rows + 1,), -1, dtype=torch.int64, device=device)
         self.used = torch.full((cache_rows + 1,), NEVER, dtype=torch.int64, device=device)
         self.dirty = torch.zeros(cache_rows + 1, dtype=torch.bool, device=device)
@@ -94,7 +115,7 @@ class SlotCache:
         step updates the rows (written back when evicted)."""
         self.reserve(ids.numel())
         slots, moves = self.place_tensors(ids, parts, train)
-        self.move(moves, parts)()
+        self.move(moves, parts)
         return slots
 
     @torch.no_grad()
@@ -106,6 +127,8 @@ class SlotCache:
         if not ids.numel():
             return ids.clone(), Moves(*(ids.new_full((0,), -1) for _ in range(4)), ids.new_zeros(2))
         self.clock += 1
+        self.seen.bitwise_right_shift_((self.clock % HALF_LIFE == 0).to(torch.uint8))
+        self.seen[ids] = (self.seen[ids] + 1).clamp_(max=CAP)  # a row's repeats in a batch write the same value
         stamp = self.clock.expand(ids.numel())  # scatter_, not index_fill_ with a tensor value (that reads it)
         slot = self.slot_of[ids]
         hit = slot >= 0
@@ -113,9 +136,11 @@ class SlotCache:
         missing, count = self._misses(ids, hit)
         hits = (self.used[:self.cache_rows] == self.clock).sum()
         victims = self._victims(count, ids.numel())
+        missing, victims = _by_row(missing, [missing, victims], self.rows)
         old = self.id_of[victims]
         back = self.dirty[victims] & (old >= 0)  # evicted rows a training batch changed: written back
         (back_slots, back_rows), written = _pack(back, [victims, old], ids.numel(), -1)
+        back_rows, back_slots = _by_row(back_rows, [back_rows, back_slots], self.rows)
         self.stats += torch.stack([hits + count[0], hits, count[0], written[0]])
         self.slot_of.index_fill_(0, torch.where(old >= 0, old, self.rows), -1)
         self.slot_of[torch.where(missing >= 0, missing, self.rows)] = victims.to(torch.int32)
@@ -140,51 +165,46 @@ class SlotCache:
         return missing, count
 
     def _victims(self, count: torch.Tensor, n: int) -> torch.Tensor:
-        """[n] slots: the `count` least recently used first (outside this batch and the previous one),
+        """[n] slots: the `count` least frequently used first (outside this batch and the previous one),
         then the spare slot."""
         c = self.cache_rows
-        age = (self.clock - self.used[:c]).clamp_(max=AGES - 1)  # empty: the oldest; padding: < 0
-        age = torch.where(age >= 2, age, 0)  # bucket 0: never taken
-        hist = count_ages(age)
+        rows = self.id_of[:c]
+        bucket = BUCKETS - 1 - self.seen[torch.where(rows >= 0, rows, self.rows)].long()  # empty: the coldest
+        bucket = torch.where(self.clock - self.used[:c] >= 2, bucket, 0)  # bucket 0: never taken
+        hist = count_buckets(bucket)
         hist[:1].zero_()
-        older = hist.flip(0).cumsum(0).flip(0)  # [AGES] slots in bucket b or older
-        last = (older >= count).sum().view(1) - 1  # the youngest bucket to take from
-        beyond = torch.cat([older[1:], older.new_zeros(1)]).index_select(0, last)  # (a 0-d index would sync)
-        at_last = age == last
-        take = (age > last) | (at_last & (torch.cumsum(at_last, 0) <= count - beyond))
-        take &= age > 0
-        return _pack(take, [torch.arange(c, device=age.device)], n, c)[0][0]
+        colder = hist.flip(0).cumsum(0).flip(0)  # [BUCKETS] slots in bucket b or colder
+        last = (colder >= count).sum().view(1) - 1  # the warmest bucket to take from
+        beyond = torch.cat([colder[1:], colder.new_zeros(1)]).index_select(0, last)  # (a 0-d index would sync)
+        at_last = bucket == last
+        take = (bucket > last) | (at_last & (torch.cumsum(at_last, 0) <= count - beyond))
+        take &= bucket > 0
+        return _pack(take, [torch.arange(c, device=bucket.device)], n, c)[0][0]
 
     @torch.no_grad()
-    def move(self, moves: Moves, parts: list[torch.Tensor]) -> Callable[[], None]:
-        """Start the copies of `moves` (on the current stream): the rows leaving are gathered on the
-        device and copied out, the rows arriving gathered in host memory, copied in and scattered into
-        their slots. Returns what ends the write-back: it waits for the rows leaving and scatters them
-        into host memory. Call it before the next `move` reads host memory (the rows leaving are not
-        among those arriving, so it may run while the step reads the rows that arrived)."""
-        n_in, n_out = (int(n) for n in moves.counts.tolist())  # read back: the copies' sizes, then their rows
-        device, cuda = parts[0].device, parts[0].is_cuda
-        rows = torch.cat([moves.rows_in[:n_in], moves.rows_out[:n_out]]).cpu()
+    def move(self, moves: Moves, parts: list[torch.Tensor]) -> None:
+        """Make the copies of `moves` on the current stream: the rows leaving go back to host memory with
+        their state, then the rows arriving are gathered in host memory by the CPU, copied in and
+        scattered into their slots. Where the host table is registered with CUDA (`mapped`) the GPU
+        writes the rows leaving into it (`kernels.write_rows_kernel`), queued before the CPU's gathers
+        and run beside them: host memory is current once the stream has passed them. Elsewhere the
+        rows leaving are copied out and scattered by the CPU first. Reads back the copies' sizes and the
+        rows arriving."""
+        n_in, n_out = (int(n) for n in moves.counts.tolist())
         cache = self._cache(parts)
-        leaving = []
-        for c in cache if n_out else []:  # before the rows arriving take their slots
-            leaving.append(torch.empty((n_out, *c.shape[1:]), dtype=c.dtype, pin_memory=cuda))
-            leaving[-1].copy_(c[moves.slots_out[:n_out]], non_blocking=True)
-        left = torch.cuda.Event() if cuda else None
-        if left is not None:
-            left.record()
+        rows_in = moves.rows_in[:n_in].cpu()
+        if n_out and self.mapped:
+            for h, c in zip(self.host, cache):
+                write_rows(c, moves.slots_out, h, moves.rows_out, moves.counts[1:], n_out)
+        elif n_out:
+            rows_out = moves.rows_out[:n_out].cpu()
+            for h, c in zip(self.host, cache):
+                h.index_copy_(0, rows_out, c[moves.slots_out[:n_out]].cpu())
         for h, c in zip(self.host, cache) if n_in else []:
             # a pinned block is reused only after the copies queued from it ran (torch's host allocator)
-            staged = torch.empty((n_in, *h.shape[1:]), dtype=h.dtype, pin_memory=cuda)
-            torch.index_select(h, 0, rows[:n_in], out=staged)
-            c.index_copy_(0, moves.slots_in[:n_in], staged.to(device, non_blocking=True))
-
-        def write_back() -> None:
-            if left is not None:
-                left.synchronize()
-            for h, rows_out in zip(self.host, leaving):
-                h.index_copy_(0, rows[n_in:], rows_out)
-        return write_back
+            staged = torch.empty((n_in, *h.shape[1:]), dtype=h.dtype, pin_memory=c.is_cuda)
+            torch.index_select(h, 0, rows_in, out=staged)
+            c.index_copy_(0, moves.slots_in[:n_in], staged.to(c.device, non_blocking=True))
 
     @torch.no_grad()
     def flush(self, parts: list[torch.Tensor]) -> None:
@@ -200,6 +220,7 @@ class SlotCache:
         """Drop every cached row (call `flush` first to keep their updates); a bag's padding row goes
         back into slot 0."""
         self.slot_of.fill_(-1)
+        self.seen.zero_()
         self.id_of.fill_(-1)
         self.used.fill_(NEVER)
         self.dirty.zero_()
@@ -212,16 +233,47 @@ class SlotCache:
             self.used[:1].fill_(PINNED)
 
 
-def count_ages(age: torch.Tensor) -> torch.Tensor:
-    """[AGES] how many of `age` (int64 in [0, AGES)) fall in each bucket, without a host read. On a GPU
+def register(host: torch.Tensor) -> bool:
+    """Register `host` (a CPU tensor) with CUDA, so that kernels may address it, until it is freed. False
+    where CUDA refuses (the system's limit on locked memory, say): the CPU then writes its rows."""
+    cudart = torch.cuda.cudart()
+    if int(cudart.cudaHostRegister(host.data_ptr(), host.untyped_storage().nbytes(), 0)) != 0:
+        try:  # the refusal stays the runtime's last error, which torch's next launch check would report
+            torch.zeros(1, device="cuda")
+        except RuntimeError:
+            pass
+        return False
+    weakref.finalize(host, cudart.cudaHostUnregister, host.data_ptr())
+    return True
+
+
+def write_rows(src: torch.Tensor, slots: torch.Tensor, host: torch.Tensor, rows: torch.Tensor,
+               count: torch.Tensor, most: int) -> None:
+    """host[rows[i]] = src[slots[i]] for i < count[0] (on the device, at most `most`), written by the GPU
+    into `host`, a registered host tensor (`register`), on the current stream."""
+    width = src[0].numel()
+    grid = (min(ops.triton.cdiv(most, WRITE_ROWS), WRITE_PROGRAMS),)
+    ops.kernels.write_rows_kernel[grid](src, slots, host, rows, count, W=width,
+                                        BLOCK_W=max(16, ops.triton.next_power_of_2(width)), BLOCK_N=WRITE_ROWS)
+
+
+def count_buckets(bucket: torch.Tensor) -> torch.Tensor:
+    """[BUCKETS] how many of `bucket` (int64 in [0, BUCKETS)) fall in each, without a host read. On a GPU
     each block is counted in registers: `torch.histc`'s shared-memory atomics, most of them on one or
     two buckets, took ~1.3 ms for a table's 12 M slots."""
-    if age.is_cuda and ops.kernels is not None:
-        hist = torch.zeros(AGES, dtype=torch.int32, device=age.device)
-        grid = (ops.triton.cdiv(age.numel(), AGE_BLOCK),)
-        ops.kernels.age_histogram_kernel[grid](age, hist, age.numel(), AGES=AGES, BLOCK=AGE_BLOCK)
+    if bucket.is_cuda and ops.kernels is not None:
+        hist = torch.zeros(BUCKETS, dtype=torch.int32, device=bucket.device)
+        grid = (ops.triton.cdiv(bucket.numel(), BUCKET_BLOCK),)
+        ops.kernels.bucket_histogram_kernel[grid](bucket, hist, bucket.numel(), BUCKETS=BUCKETS, BLOCK=BUCKET_BLOCK)
         return hist
-    return torch.histc(age.double(), bins=AGES, min=0, max=AGES)  # min < max given: it reads nothing back
+    return torch.histc(bucket.double(), bins=BUCKETS, min=0, max=BUCKETS)  # min < max given: it reads nothing back
+
+
+def _by_row(rows: torch.Tensor, values: list[torch.Tensor], last: int) -> list[torch.Tensor]:
+    """`values` ordered by `rows` (-1, the packing's fill, last): moves in row order touch each page of
+    host memory once for the several rows it holds (a row's 4-byte state most of all)."""
+    order = torch.where(rows >= 0, rows, last).argsort()
+    return [v[order] for v in values]
 
 
 def _pack(mask: torch.Tensor, values: list[torch.Tensor], n: int,

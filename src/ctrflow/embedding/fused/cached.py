@@ -5,12 +5,12 @@ slot numbers (`ctrflow.embedding.fused.cache.SlotCache.place`), the other column
 `prefetch(ids)` does this for a batch ahead of its lookup and queues the result; the lookup takes the
 queued batches in order, or places its batch in line when none is queued. On CUDA a prefetch runs in a
 thread of its own on a side stream, after the work queued before it (the ids, the steps whose rows it
-may evict): the bookkeeping, then the rows' copies, whose sizes it must read back, and whose host side
-(gathering and scattering rows in host memory) keeps that thread busy while the current step runs. The
-lookup waits until the batch's rows are in. A second thread then writes the batch's evicted rows back
-to host memory while the first one queues the next batch's bookkeeping; the first waits for it before
-it gathers that batch's rows. A prefetch never evicts the rows of the batch before it, so at most one
-batch may be queued ahead of the next lookup (`ctrflow train` prefetches the next batch just before
+may evict): the bookkeeping, then the rows' moves (`SlotCache.move`), whose sizes it must read back:
+the GPU writes the evicted rows into host memory while the CPU gathers the rows arriving, which keeps
+that thread busy while the current step runs. The lookup waits until the batch's rows are in. The next
+batch's moves follow on the same stream, so its gathers read host memory after these writes. A
+prefetch never evicts the rows of the batch before it, so at most one batch may be queued ahead of the
+next lookup (`ctrflow train` prefetches the next batch just before
 each step). A lookup without gradients (an evaluation between steps) drops the queued batches, whose
 rows stay cached, and places in line.
 
@@ -36,17 +36,19 @@ from ctrflow.embedding.fused.cache import SlotCache
 
 
 # cores left out of torch's CPU threads while host tables move beside the step: the step's thread,
-# autograd's, and the mover's and writer's waits on the GPU (CUDA's waits spin on a core). The moves
-# split their rows over torch's threads in equal shares, so one thread sharing its core holds all of them
+# autograd's, and the mover's waits on the GPU (CUDA's waits spin on a core), and one more, as measured
+# (`move_threads`). The gathers split their rows over torch's threads in equal shares, so one thread
+# sharing its core holds up all of them
 SPARE_CORES = 4
 
 
 def move_threads() -> int:
     """torch's CPU threads for a process whose fused host tables move beside the step: SPARE_CORES
     fewer than the cores it may run on, at most torch's own choice (so calling it again changes
-    nothing). On one H200 with 16 cores the DLRMv2 shape's cached step (0.2 GB of random rows each
-    way a step) took 39.5-41.3 ms in five runs with 12 threads and 44.3 with 16 on one machine, and
-    45.3 against 66.0 ms eager on another (benchmarks/NOTES.md, "Tables in host memory")."""
+    nothing). On one H200 with 16 cores, when the CPU still scattered the rows leaving, the DLRMv2
+    shape's cached step (0.2 GB of random rows each way a step) took 39.5-41.3 ms in five runs with 12
+    threads and 44.3 with 16 on one machine, and 45.3 against 66.0 ms eager on another
+    (benchmarks/NOTES.md, "Tables in host memory")."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(torch.get_num_threads(), cores - SPARE_CORES))
 
@@ -58,11 +60,9 @@ class CachedTables:
         self.caches, self.columns = caches, columns
         self.queued: deque = deque()  # (ids shape, Future of (ids for the kernels, ready event or None))
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        # one thread for the batches' bookkeeping and copies, one for their write-backs, each in batch order
+        # one thread for the batches' bookkeeping and moves, in batch order
         self.mover = ThreadPoolExecutor(1, thread_name_prefix="ctrflow-host-tables") if self.stream else None
-        self.writer = ThreadPoolExecutor(1, thread_name_prefix="ctrflow-host-writes") if self.stream else None
         self.moving: Future | None = None  # the last prefetch, done when its rows are in
-        self.written: Future | None = None  # the last prefetch's write-back
         # (ids shape, the parts' addresses) -> None once placed eagerly, then (CUDA graph, its ids, its
         # output): a training batch's bookkeeping is some 100 small operations a host table, replayed as one
         self.graphs: dict = {}
@@ -85,23 +85,18 @@ class CachedTables:
 
     def _prefetch(self, ids: torch.Tensor, parts: list[torch.Tensor], train: bool, after: torch.cuda.Event,
                   placed: Future) -> None:
-        """The mover thread's part of `prefetch`: the batch's bookkeeping, then its moves once the
-        batch before is written back; `placed` gets the batch's ids for the kernels and the event its
-        rows are in by, and the writer thread its write-back."""
+        """The mover thread's part of `prefetch`: the batch's bookkeeping and moves; `placed` gets the
+        batch's ids for the kernels and the event its rows are in by."""
         try:
             with torch.cuda.device(self.stream.device), torch.cuda.stream(self.stream):
                 self.stream.wait_event(after)
-                out, moves = self._translate(ids, parts, train)
-                if self.written is not None:
-                    self.written.result()  # host memory current before this batch's rows are gathered
-                write_backs = [cache.move(m, parts) for cache, m in zip(self.caches.values(), moves)]
+                out = self._place(ids, parts, train)
                 ready = torch.cuda.Event()
                 ready.record(self.stream)
         except BaseException as error:
             placed.set_exception(error)
             raise
         placed.set_result((out, ready))
-        self.written = self.writer.submit(lambda: [write_back() for write_back in write_backs])
 
     def lookup_ids(self, ids: torch.Tensor, parts: list[torch.Tensor], train: bool) -> torch.Tensor:
         """`ids` [B, S] with the host tables' columns as buffer slots: the oldest queued batch (an
@@ -134,7 +129,7 @@ class CachedTables:
         """`ids` with the host tables' columns as slots, every row placed and moved in line."""
         out, moves = self._translate(ids, parts, train)
         for cache, m in zip(self.caches.values(), moves):
-            cache.move(m, parts)()
+            cache.move(m, parts)
         return out
 
     def _translate(self, ids: torch.Tensor, parts: list[torch.Tensor], train: bool) -> tuple[torch.Tensor, list]:
@@ -170,12 +165,11 @@ class CachedTables:
         self.queued.clear()
 
     def settle(self) -> None:
-        """CUDA: wait until the prefetches are done and have written back, and make the current stream
-        wait for their work on the side stream (they change the bookkeeping, the cache rows and the host
-        rows that in-line work reads)."""
+        """CUDA: wait until the prefetches are done, and make the current stream wait for their work on
+        the side stream (they change the bookkeeping, the cache rows and the host rows that in-line work
+        reads)."""
         if self.moving is not None:
             self.moving.result()
-            self.written.result()
         if self.stream is not None:
             torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
 

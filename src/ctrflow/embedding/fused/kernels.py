@@ -6,7 +6,8 @@ per-position gradients summed into one fp32 row per distinct id, the ids sorted 
 `apply_update_kernel` (the optimizer step on each distinct row, which also re-zeroes the sums).
 Multi-hot bags gather and pool in `bag_kernels.bag_forward_kernel`; their backward is the same
 two kernels, each id slot's gradient read from its bag's (`accumulate_segments_kernel`'s BAGS).
-`age_histogram_kernel` counts the host tier's cache slots by age (`ctrflow.embedding.fused.cache`).
+`bucket_histogram_kernel` counts the host tier's cache slots by bucket and `write_rows_kernel` writes its
+evicted rows into host memory (`ctrflow.embedding.fused.cache`).
 No kernel reads a value back on the host, so a whole training step can be captured in a CUDA graph.
 """
 
@@ -152,14 +153,33 @@ def apply_update_kernel(unique_rows_ptr, count_ptr, acc_ptr, weight_ptr, state1_
 
 
 @triton.jit
-def age_histogram_kernel(age_ptr, hist_ptr, n, AGES: tl.constexpr, BLOCK: tl.constexpr):
-    """hist[a] += the entries of age[:n] (int64, each in [0, AGES)) equal to a. Each program counts its
-    block in registers and adds AGES sums: a histogram by per-element atomics piles millions of them on
-    a few addresses (the host tier's victims, `ctrflow.embedding.fused.cache`, count some 10 M slots' ages
-    each batch, most of them in one or two buckets)."""
+def bucket_histogram_kernel(bucket_ptr, hist_ptr, n, BUCKETS: tl.constexpr, BLOCK: tl.constexpr):
+    """hist[b] += the entries of bucket[:n] (int64, each in [0, BUCKETS)) equal to b. Each program counts
+    its block in registers and adds BUCKETS sums: a histogram by per-element atomics piles millions of
+    them on a few addresses (the host tier's victims, `ctrflow.embedding.fused.cache`, count some 10 M
+    slots' buckets each batch, most of them in one or two)."""
     items = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = items < n
-    counts = tl.histogram(tl.load(age_ptr + items, mask=live, other=0).to(tl.int32), AGES)
-    beyond = tl.sum((~live).to(tl.int32), axis=0)  # the lanes past n, counted at age 0
-    buckets = tl.arange(0, AGES)
+    counts = tl.histogram(tl.load(bucket_ptr + items, mask=live, other=0).to(tl.int32), BUCKETS)
+    beyond = tl.sum((~live).to(tl.int32), axis=0)  # the lanes past n, counted in bucket 0
+    buckets = tl.arange(0, BUCKETS)
     tl.atomic_add(hist_ptr + buckets, tl.where(buckets == 0, counts - beyond, counts))
+
+
+@triton.jit
+def write_rows_kernel(src_ptr, slots_ptr, dst_ptr, rows_ptr, count_ptr,
+                      W: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dst[rows[i]] = src[slots[i]] (rows of W elements) for i < count[0]: the host tier's write-back,
+    `dst` a host table registered with CUDA, written by the GPU through unified addressing
+    (`ctrflow.embedding.fused.cache`). The count stays on the device; each program copies every
+    grid-th block of BLOCK_N rows."""
+    count = tl.load(count_ptr).to(tl.int64)
+    cols = tl.arange(0, BLOCK_W)
+    for block in range(tl.program_id(0), tl.cdiv(count, BLOCK_N), tl.num_programs(0)):
+        items = block.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+        live = items < count
+        src = tl.load(slots_ptr + items, mask=live, other=0).to(tl.int64)
+        dst = tl.load(rows_ptr + items, mask=live, other=0).to(tl.int64)
+        mask = live[:, None] & (cols[None, :] < W)
+        vals = tl.load(src_ptr + src[:, None] * W + cols[None, :], mask=mask, other=0)
+        tl.store(dst_ptr + dst[:, None] * W + cols[None, :], vals, mask=mask)
