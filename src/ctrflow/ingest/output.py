@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from ctrflow.ingest.parallel import start_context
 from ctrflow.errors import UserError
 from ctrflow.contract.features import LABEL, Features
-from ctrflow.processes import process_alive
+from ctrflow.processes import available_cores, process_alive
 
 VALID = "__valid"  # a cached block's column: the row belongs to the validation split
 
@@ -204,7 +204,7 @@ def file_digest(path: Path, threads: int | None = None) -> str:
 
 def file_digests(paths: list[Path], threads: int | None = None) -> list[str]:
     """`file_digest` of each path, in order; every file's pieces share one thread pool."""
-    threads = threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+    threads = threads or available_cores()
     sizes, span = [os.stat(path).st_size for path in paths], _SPAN_PIECES * PIECE_BYTES
     spans = [(i, at, min(at + span, size)) for i, size in enumerate(sizes) for at in range(0, size, span)]
     with ThreadPoolExecutor(max(1, min(threads or 1, len(spans) or 1))) as pool:

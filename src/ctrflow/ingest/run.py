@@ -35,6 +35,7 @@ from ctrflow.ingest.interop import write_hugectr_metadata, write_merlin_schema
 from ctrflow.ingest.output import FileHasher, PieceChecksums, check_out_dir, publish, transform_tasks
 from ctrflow.ingest.parallel import WorkerPool, reap
 from ctrflow.ingest.progress import progress_bar
+from ctrflow.processes import available_cores
 from ctrflow.contract.vocab import write_vocab
 from ctrflow.contract.schema import DENSE_TRANSFORM, Schema
 
@@ -152,13 +153,6 @@ def write_metadata(tmp: Path, out: Path, files, digests: list[str], stats: dict,
         write_hugectr_metadata(tmp / split, out / split, features)
     write_merlin_schema(tmp, features)  # not in train/: Parquet readers of a directory read every file
     return schema
-
-
-def available_cores() -> int:
-    """CPU cores this process may use (the default --workers)."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return os.cpu_count() or 1
 
 
 def _check_args(train, valid, valid_fraction, on_bad_rows, engine, chunk_rows) -> None:

@@ -26,6 +26,7 @@ from ctrflow.loaders.batch import Batch
 from ctrflow.loaders.stream_plan import EpochPlan, ParquetIndex
 from ctrflow.loaders.window import WindowPipeline
 from ctrflow.errors import UserError
+from ctrflow.processes import available_cores
 
 DEFAULT_WINDOW = 1 << 23  # rows shuffled together, all lanes: 8,388,608 (1.25 GiB on each side)
 DEFAULT_LANES = 8
@@ -33,7 +34,7 @@ DEFAULT_LANES = 8
 
 def default_threads() -> int:
     """Decode threads for one process: the usable cores shared by the processes of this host, at most 16."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = available_cores()
     local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     return max(1, min(16, cores // local))
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from ctrflow.config import TrainConfig
 from ctrflow.config.files import check_config, merge, nest, to_yaml
+from ctrflow.processes import available_cores
 from ctrflow.tune.space import THRESHOLD
 
 METRIC_KEYS = {"auc": "auc", "logloss": "valid_logloss"}  # study metric -> metrics.jsonl key
@@ -158,8 +159,7 @@ def slot_threads(parallel: int, gpus: list[str]) -> int | None:
     """CPU threads of each trial: the cores split between the trials (None on GPUs: torch's choice)."""
     if gpus:
         return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // parallel)
+    return max(1, available_cores() // parallel)
 
 
 __all__ = ["DIRECTIONS", "METRIC_KEYS", "TrialProcess", "die_with_parent", "epoch_steps",

@@ -25,7 +25,6 @@ takes the batch's lookup out of it (waiting for its prefetch is host work) and c
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -33,6 +32,7 @@ import torch
 
 from ctrflow.embedding.cache import take_queued
 from ctrflow.embedding.fused.cache import SlotCache
+from ctrflow.processes import available_cores
 
 
 # cores left out of torch's CPU threads while host tables move beside the step: the step's thread,
@@ -49,8 +49,7 @@ def move_threads() -> int:
     shape's cached step (0.2 GB of random rows each way a step) took 39.5-41.3 ms in five runs with 12
     threads and 44.3 with 16 on one machine, and 45.3 against 66.0 ms eager on another
     (benchmarks/NOTES.md, "Tables in host memory")."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(torch.get_num_threads(), cores - SPARE_CORES))
+    return max(1, min(torch.get_num_threads(), available_cores() - SPARE_CORES))
 
 
 class CachedTables:
