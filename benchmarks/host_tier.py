@@ -321,6 +321,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.dense != "none" and args.path != "fused":
         p.error("--dense times the fused path")
+    if min(args.warmup, args.max_warmup, args.iters - 1) < 0:
+        p.error("--warmup and --max-warmup must not be negative, --iters at least 1")
     onehot = args.shape == "onehot-dim256"
     args.dim = 256 if onehot else 128
     args.batch = args.batch or (65536 if onehot else 55296)

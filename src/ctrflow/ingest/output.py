@@ -207,7 +207,7 @@ def file_digests(paths: list[Path], threads: int | None = None) -> list[str]:
     threads = threads or available_cores()
     sizes, span = [os.stat(path).st_size for path in paths], _SPAN_PIECES * PIECE_BYTES
     spans = [(i, at, min(at + span, size)) for i, size in enumerate(sizes) for at in range(0, size, span)]
-    with ThreadPoolExecutor(max(1, min(threads or 1, len(spans) or 1))) as pool:
+    with ThreadPoolExecutor(max(1, min(threads, len(spans)))) as pool:
         checked = list(pool.map(lambda span: piece_checksums(paths[span[0]], span[1], span[2])[1], spans))
     pieces: list[list[np.ndarray]] = [[] for _ in paths]
     for (i, _, _), crcs in zip(spans, checked):

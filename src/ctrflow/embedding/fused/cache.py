@@ -127,6 +127,7 @@ class SlotCache:
         if not ids.numel():
             return ids.clone(), Moves(*(ids.new_full((0,), -1) for _ in range(4)), ids.new_zeros(2))
         self.clock += 1
+        # every batch shifts the counts by 0 or 1: deciding on the host would read the clock back
         self.seen.bitwise_right_shift_((self.clock % HALF_LIFE == 0).to(torch.uint8))
         self.seen[ids] = (self.seen[ids] + 1).clamp_(max=CAP)  # a row's repeats in a batch write the same value
         stamp = self.clock.expand(ids.numel())  # scatter_, not index_fill_ with a tensor value (that reads it)
