@@ -2,13 +2,16 @@
 the GPU (50 steps of every sparse optimizer, one-hot and multi-hot, the next batch prefetched on the side
 stream or in line; the plain path, and the fused path's Triton kernels with the rows arriving moved in
 bulk copies by a thread of their own and the rows leaving written by the GPU, or by the CPU where the
-host table is not registered with CUDA), and `ctrflow train --embedding-memory-gib` runs and records its
-placement, its CUDA-graphed step training like its eager one."""
+host table is not registered with CUDA), `ctrflow train --embedding-memory-gib` runs and records its
+placement, its CUDA-graphed step training like its eager one, and on a machine with the host memory for
+them (two H200s' machine) the MLPerf one-hot shape at dim 256 trains on one GPU that cannot hold it."""
 
 from __future__ import annotations
 
 import json
 import os
+import runpy
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,6 +30,8 @@ from tests.fixtures.training import write_processed
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 ONE_HOT = [TableConfig("t_a", 5000, 4, "C1"), TableConfig("t_b", 3, 4, "C2"), TableConfig("t_c", 3000, 4, "C3")]
 STEPS, BATCH = 50, 64
+HOST_TIER = Path(__file__).resolve().parents[2] / "benchmarks" / "host_tier.py"
+HOST_GIB = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
 
 
 @pytest.mark.parametrize("kind", ["sgd", "adagrad", "lazy_adam"])
@@ -44,6 +49,16 @@ def test_cached_tables_on_a_gpu_train_like_tables_on_it(kind, shape, ahead):
     assert 0.0 < cached.cache_hit_rate() < 1.0
     for key in expected:  # the same rows' arithmetic; the GPU's sums of duplicates may round apart
         torch.testing.assert_close(got[key], expected[key], rtol=1e-5, atol=1e-6, msg=key)
+
+
+@pytest.mark.skipif(HOST_GIB < 200, reason="the tables' 180 GiB need the host memory of a two-GPU machine")
+def test_the_one_hot_mlperf_shape_at_dim_256_trains_on_one_gpu_that_cannot_hold_its_tables(capsys):
+    record = runpy.run_path(str(HOST_TIER))["main"](["--shape", "onehot-dim256", "--dense", "bf16", "--iters", "3",
+                                                      "--max-warmup", "30"])
+    gpu_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+    assert record["table_gib"] > gpu_gib > record["gpu_peak_gib"]["cached"]
+    assert record["host_tables"] > 0 and record["host_gib"] > record["table_gib"] - gpu_gib
+    assert record["cached_samples_per_s"] > 0 and record["gb_per_step"]["read"] > 0  # rows moved every step
 
 
 def test_train_on_a_gpu_keeps_tables_beyond_the_budget_in_host_memory(tmp_path):

@@ -2,8 +2,8 @@
 host memory with caches of slots in its buffer trains bitwise like the same collection with every table
 in the buffer (every fused optimizer, one-hot and multi-hot, a cache far smaller than the tables, the
 next batch prefetched or not), evicts and writes back, reads through the cache when evaluating, loads
-and writes whole tables, refuses a cache that cannot hold two batches, and keeps the rows looked up
-most often."""
+and writes whole tables, refuses a cache that cannot hold two batches, keeps the rows looked up most
+often, and keeps a bag table's padding row in slot 0."""
 
 from __future__ import annotations
 
@@ -120,3 +120,13 @@ def test_a_row_looked_up_often_outstays_rows_looked_up_once():
         cache.place(torch.tensor([50 + 2 * k, 51 + 2 * k]), parts, train=True)
     assert int(cache.slot_of[5]) >= 0
     assert int(cache.stats[2]) == 1 + 10 + 12  # row 5 read in once
+
+
+def test_a_bag_tables_padding_row_keeps_slot_0_through_batches_without_it():
+    parts = [torch.zeros(8, 2)]
+    cache = SlotCache(100, 0, 8, padding=True, parts=parts)
+    cache.empty(parts)
+    cache.place(torch.tensor([0, 1, 2]), parts, train=True)  # a batch with a short bag: padding id 0
+    for start in range(10, 60, 3):  # then full bags of rows looked up once, which evict every other slot
+        cache.place(torch.arange(start, start + 3), parts, train=True)
+    assert int(cache.slot_of[0]) == 0 and int(cache.id_of[0]) == 0  # the kernels skip slot 0 of a bag

@@ -11,8 +11,8 @@ the bookkeeping, which reads nothing back to the host, so a CUDA graph can hold 
 - `slot_of` [rows] int32 (-1: not cached), `seen` [rows] uint8 (the batches that looked the row up,
   cached or not, at most `CAP`, halved every `HALF_LIFE` batches), `id_of` [C] int64 (-1: empty),
   `used` [C] int64 (the number of the last batch that looked the slot up, counted by `clock` on the
-  device), `dirty` [C] bool; each with one spare entry at its end, where the writes of masked-out
-  lanes land, so that no tensor's size depends on the ids.
+  device), `dirty` [C] bool; each with `SPARE` entries at its end, where the writes of masked-out
+  lanes land (lane i on entry i % SPARE), so that no tensor's size depends on the ids.
 - Misses: the first occurrence of each row not cached claims the row in `slot_of` (the least code
   wins), then the claimed rows are packed first; their count stays on the device.
 - Victims: the least frequently used rows, counted over batches with a half-life (LFU with decay, as
@@ -61,6 +61,10 @@ WRITE_ROWS = 32  # rows a program of `write_rows_kernel` writes at a time
 # its programs, each looping over blocks: random rows cross at the same rate from 132 programs to 1,056
 # (the host's address translation bounds them), and fewer leave more of the GPU to the step beside them
 WRITE_PROGRAMS = 132
+# entries past the end of each bookkeeping tensor for the writes of masked-out lanes: spread over many,
+# since writes to one address serialize (a DLRMv2 batch's hits, most of its ids, claiming one spare
+# entry took 1 ms of the step's 9 ms of bookkeeping on an H200)
+SPARE = 1024
 
 
 class Moves(NamedTuple):
@@ -87,11 +91,11 @@ class SlotCache:
             state.zero_()
         # the GPU writes evicted rows into host tables it can address (`move`)
         self.mapped = device.type == "cuda" and ops.kernels is not None and all(map(register, self.host))
-        self.slot_of = torch.full((rows + 1,), -1, dtype=torch.int32, device=device)
-        self.seen = torch.zeros(rows + 1, dtype=torch.uint8, device=device)
-        self.id_of = torch.full((cache_rows + 1,), -1, dtype=torch.int64, device=device)
-        self.used = torch.full((cache_rows + 1,), NEVER, dtype=torch.int64, device=device)
-        self.dirty = torch.zeros(cache_rows + 1, dtype=torch.bool, device=device)
+        self.slot_of = torch.full((rows + SPARE,), -1, dtype=torch.int32, device=device)
+        self.seen = torch.zeros(rows + SPARE, dtype=torch.uint8, device=device)
+        self.id_of = torch.full((cache_rows + SPARE,), -1, dtype=torch.int64, device=device)
+        self.used = torch.full((cache_rows + SPARE,), NEVER, dtype=torch.int64, device=device)
+        self.dirty = torch.zeros(cache_rows + SPARE, dtype=torch.bool, device=device)
         # distinct rows looked up, found cached; rows read in, written back
         self.stats = torch.zeros(4, dtype=torch.int64, device=device)
         self.clock = torch.zeros(1, dtype=torch.int64, device=device)  # batches placed: on the device, for graphs
@@ -124,50 +128,61 @@ class SlotCache:
         """`place` after `reserve`, without the rows' moves: the slots of `ids`, with every row mapped,
         and the `Moves` that bring the rows there (`move`). Tensor work only, no value read back, so a
         CUDA graph can hold it."""
-        if not ids.numel():
+        n = ids.numel()
+        if not n:
             return ids.clone(), Moves(*(ids.new_full((0,), -1) for _ in range(4)), ids.new_zeros(2))
+        lane = torch.arange(n, device=ids.device)
+        spare = lane & (SPARE - 1)
+        spare_rows, spare_slots = spare + self.rows, spare + self.cache_rows
         self.clock += 1
         # every batch shifts the counts by 0 or 1: deciding on the host would read the clock back
         self.seen.bitwise_right_shift_((self.clock % HALF_LIFE == 0).to(torch.uint8))
         self.seen[ids] = (self.seen[ids] + 1).clamp_(max=CAP)  # a row's repeats in a batch write the same value
-        stamp = self.clock.expand(ids.numel())  # scatter_, not index_fill_ with a tensor value (that reads it)
+        stamp = self.clock.expand(n)  # scatter_, not index_fill_ with a tensor value (that reads it)
         slot = self.slot_of[ids]
         hit = slot >= 0
-        self.used.scatter_(0, torch.where(hit, slot.long(), self.cache_rows), stamp)  # hits: never victims
-        missing, count = self._misses(ids, hit)
+        self._stamp(torch.where(hit, slot.long(), spare_slots), stamp)  # hits: never victims
+        missing, count = self._misses(ids, hit, lane, spare_rows)
         hits = (self.used[:self.cache_rows] == self.clock).sum()
-        victims = self._victims(count, ids.numel())
+        victims = self._victims(count, n)
+        victims = torch.where(victims >= 0, victims, spare_slots)
         missing, victims = _by_row(missing, [missing, victims], self.rows)
         old = self.id_of[victims]
         back = self.dirty[victims] & (old >= 0)  # evicted rows a training batch changed: written back
-        (back_slots, back_rows), written = _pack(back, [victims, old], ids.numel(), -1)
+        (back_slots, back_rows), written = _pack(back, [victims, old], -1)
         back_rows, back_slots = _by_row(back_rows, [back_rows, back_slots], self.rows)
         self.stats += torch.stack([hits + count[0], hits, count[0], written[0]])
-        self.slot_of.index_fill_(0, torch.where(old >= 0, old, self.rows), -1)
-        self.slot_of[torch.where(missing >= 0, missing, self.rows)] = victims.to(torch.int32)
+        self.slot_of.index_fill_(0, torch.where(old >= 0, old, spare_rows), -1)
+        self.slot_of[torch.where(missing >= 0, missing, spare_rows)] = victims.to(torch.int32)
         self.slot_of[self.rows:].fill_(-1)
         self.id_of[victims] = missing
         self.dirty.index_fill_(0, victims, False)
-        slots = self.slot_of[ids].long()
-        self.used.scatter_(0, slots, stamp)
-        if train:
-            self.dirty.index_fill_(0, slots, True)
-        return slots, Moves(missing, victims, back_slots, back_rows, torch.cat([count, written]))
+        self._stamp(victims, stamp)  # the slots of this batch's hits have theirs
+        if train:  # every slot stamped: a pass over the slots, where a scatter's writes of hot rows serialize
+            self.dirty[:self.cache_rows] |= self.used[:self.cache_rows] == self.clock
+        moves = Moves(missing, victims, back_slots, back_rows, torch.cat([count, written]))
+        return self.slot_of[ids].long(), moves
 
-    def _misses(self, ids: torch.Tensor, hit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the rows of `ids` not cached, each once, packed first in [N] (-1 after), their count [1])."""
-        n = ids.numel()
-        code = -2 - torch.arange(n, dtype=torch.int32, device=ids.device)
-        spare = self.rows
-        self.slot_of.scatter_reduce_(0, torch.where(hit, spare, ids), torch.where(hit, -1, code), "amin")
+    def _stamp(self, slots: torch.Tensor, stamp: torch.Tensor) -> None:
+        """Mark `slots` looked up by this batch; the padding row keeps slot 0."""
+        self.used.scatter_(0, slots, stamp)
+        if self.padding:
+            self.used[:1].fill_(PINNED)
+
+    def _misses(self, ids: torch.Tensor, hit: torch.Tensor, lane: torch.Tensor,
+                spare_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the rows of `ids` not cached, each once, packed first in [N] (-1 after), their count [1]);
+        `lane` [N] 0.., `spare_rows` [N] where a lane masked out writes."""
+        code = -2 - lane.int()
+        self.slot_of.scatter_reduce_(0, torch.where(hit, spare_rows, ids), torch.where(hit, -1, code), "amin")
         first = ~hit & (self.slot_of[ids] == code)
-        self.slot_of[spare:].fill_(-1)  # a slice's fill_: `t[i] = scalar` would copy the scalar over, a sync
-        (missing,), count = _pack(first, [ids], n, -1)
+        self.slot_of[self.rows:].fill_(-1)  # a slice's fill_: `t[i] = scalar` would copy the scalar over, a sync
+        (missing,), count = _pack(first, [ids], -1)
         return missing, count
 
     def _victims(self, count: torch.Tensor, n: int) -> torch.Tensor:
         """[n] slots: the `count` least frequently used first (outside this batch and the previous one),
-        then the spare slot."""
+        then -1."""
         c = self.cache_rows
         rows = self.id_of[:c]
         bucket = BUCKETS - 1 - self.seen[torch.where(rows >= 0, rows, self.rows)].long()  # empty: the coldest
@@ -180,7 +195,7 @@ class SlotCache:
         at_last = bucket == last
         take = (bucket > last) | (at_last & (torch.cumsum(at_last, 0) <= count - beyond))
         take &= bucket > 0
-        return _pack(take, [torch.arange(c, device=bucket.device)], n, c)[0][0]
+        return torch.nonzero_static(take, size=n, fill_value=-1).squeeze(1)
 
     @torch.no_grad()
     def move(self, moves: Moves, parts: list[torch.Tensor]) -> None:
@@ -273,17 +288,15 @@ def count_buckets(bucket: torch.Tensor) -> torch.Tensor:
 def _by_row(rows: torch.Tensor, values: list[torch.Tensor], last: int) -> list[torch.Tensor]:
     """`values` ordered by `rows` (-1, the packing's fill, last): moves in row order touch each page of
     host memory once for the several rows it holds (a row's 4-byte state most of all)."""
-    order = torch.where(rows >= 0, rows, last).argsort()
+    key = torch.where(rows >= 0, rows, last)
+    order = (key.int() if last < 2**31 else key).argsort()  # 4-byte keys: half the sort's passes
     return [v[order] for v in values]
 
 
-def _pack(mask: torch.Tensor, values: list[torch.Tensor], n: int,
-          fill: int) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """(each of `values` where `mask`, in order, then `fill`, [n]; how many [1]), without a host read."""
-    order = torch.cumsum(mask, 0) - 1
-    at = torch.where(mask & (order < n), order, n)
-    packed = []
-    for v in values:
-        packed.append(torch.full((n + 1,), fill, dtype=v.dtype, device=v.device))
-        packed[-1][at] = v
-    return [p[:n] for p in packed], mask.sum().view(1)
+def _pack(mask: torch.Tensor, values: list[torch.Tensor], fill: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """(each of `values` [N] where `mask` [N], in order, then `fill`, [N]; how many [1]), without a host
+    read."""
+    at = torch.nonzero_static(mask, size=mask.numel(), fill_value=-1).squeeze(1)
+    found = at >= 0
+    at.clamp_(min=0)
+    return [torch.where(found, v[at], fill) for v in values], mask.sum().view(1)
