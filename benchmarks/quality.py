@@ -25,7 +25,7 @@ skipped.
 - FuxiCTR: reported as skipped unless its package ships the architectures (2.3.10's package holds
   its layers and trainer, not its model zoo).
 
-Every AUC is `ctrflow.evaluate.metrics.auc` (exact) over the same valid rows. Prints one JSON line
+Every AUC is `ctrflow.metrics.auc` (exact) over the same valid rows. Prints one JSON line
 (per library, model, dataset: AUC per epoch, best epoch, calibration ratio, seconds), then a table on
 stderr.
 """
@@ -272,7 +272,7 @@ def train_peer(library: str, model: str, data: str, epochs: int, threads: int, s
     from deepctr_torch import models as zoo
     from deepctr_torch.inputs import DenseFeat, SparseFeat, VarLenSparseFeat
 
-    from ctrflow.evaluate.metrics import auc
+    from ctrflow.metrics import auc
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)

@@ -23,7 +23,7 @@ from torch import nn
 
 from ctrflow.contract.schema import Schema
 from ctrflow.errors import UserError
-from ctrflow.evaluate.metrics import auc
+from ctrflow.metrics import auc
 from ctrflow.serve.ranking import ProbabilityModel
 
 SCORE_BATCH = 16384

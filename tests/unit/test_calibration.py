@@ -10,7 +10,7 @@ import pytest
 
 from ctrflow.cli import main
 from ctrflow.evaluate import compute_metrics
-from ctrflow.evaluate.metrics import calibrating_shift, calibration
+from ctrflow.metrics import calibrating_shift, calibration
 
 
 def test_ratio_and_ece_match_a_hand_computed_case():

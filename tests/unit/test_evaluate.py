@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ctrflow.evaluate import compute_metrics
-from ctrflow.evaluate.metrics import auc, calibration, logloss, roc_curve
+from ctrflow.metrics import auc, calibration, logloss, roc_curve
 from ctrflow.contract.features import Features
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ctrflow.evaluate.metrics import auc, calibration, logloss, roc_curve
 from ctrflow.evaluate.plots import plot_calibration, plot_roc
+from ctrflow.metrics import auc, calibration, logloss, roc_curve
 from ctrflow.tracking import NullTracker, Tracker
 
 __all__ = ["auc", "calibration", "compute_metrics", "evaluate", "logloss"]

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ctrflow.evaluate.metrics import auc
 from ctrflow.contract.features import OOV_ID, Features
-from ctrflow.lineage import check_descendant
 from ctrflow.contract.schema import Schema
+from ctrflow.lineage import check_descendant
+from ctrflow.metrics import auc
 
 
 @dataclass(frozen=True)

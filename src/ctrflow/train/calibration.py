@@ -5,7 +5,7 @@ observed rate (1.37 times it after two epochs on a public news-click sample with
 fit the training rows closely are noisy on new ones, and below 0.5 the sigmoid is convex, so the noise
 raises the mean prediction. Every checkpoint
 written right after a validation therefore holds, as the model's own output bias, the bias that makes
-the mean prediction on the validation split equal its click rate (`ctrflow.evaluate.metrics.
+the mean prediction on the validation split equal its click rate (`ctrflow.metrics.
 calibrating_shift`: the bias minimizing that split's logloss with every other weight fixed; the ranking,
 and so the AUC, is unchanged). Evaluate, predict, export and serving read it like any other weight.
 `meta.json`'s `calibration` records the shift and the bias training had, which `--resume` puts back:

@@ -13,9 +13,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ctrflow.loaders.scan import ScanLoader
-from ctrflow.evaluate.metrics import auc, calibrating_shift, logloss
 from ctrflow.evaluate.scoring import score_batches
+from ctrflow.loaders.scan import ScanLoader
+from ctrflow.metrics import auc, calibrating_shift, logloss
 from ctrflow.runtime import Runtime
 
 

@@ -1,5 +1,6 @@
 """Exact ranking and probability metrics over a whole split: AUC, logloss, calibration, and the
-output-bias shift that calibrates a model's mean prediction on it.
+output-bias shift that calibrates a model's mean prediction on it (training's validation, `ctrflow
+evaluate` and `ctrflow predict` read them).
 
 Everything is vectorized numpy in O(n log n) (one sort); no sampling, no histogram
 approximation, so two runs on the same predictions agree to the last digit.
