@@ -79,20 +79,33 @@ class CachedTables:
             after = torch.cuda.Event()
             after.record(torch.cuda.current_stream(ids.device))  # the ids, the rows' last updates
             ids.record_stream(self.stream)
-            self.moving = self.mover.submit(self._prefetch, ids, parts, train, after, placed)
+            booked: Future = Future()
+            self.moving = self.mover.submit(self._prefetch, ids, parts, train, after, placed, booked)
+            # the current stream's next work (the step before this batch's) waits for this batch's
+            # bookkeeping: beside the step its small kernels wait for SMs (benchmarks/NOTES.md)
+            event = booked.result()
+            if event is not None:
+                torch.cuda.current_stream(ids.device).wait_event(event)
         self.queued.append((ids.shape, placed))
 
     def _prefetch(self, ids: torch.Tensor, parts: list[torch.Tensor], train: bool, after: torch.cuda.Event,
-                  placed: Future) -> None:
+                  placed: Future, booked: Future) -> None:
         """The mover thread's part of `prefetch`: the batch's bookkeeping and moves; `placed` gets the
         batch's ids for the kernels and the event its rows are in by."""
         try:
             with torch.cuda.device(self.stream.device), torch.cuda.stream(self.stream):
                 self.stream.wait_event(after)
-                out = self._place(ids, parts, train)
+                out, moves = self._translate(ids, parts, train)
+                done = torch.cuda.Event()
+                done.record(self.stream)
+                booked.set_result(done)
+                for cache, m in zip(self.caches.values(), moves):
+                    cache.move(m, parts)
                 ready = torch.cuda.Event()
                 ready.record(self.stream)
         except BaseException as error:
+            if not booked.done():
+                booked.set_result(None)
             placed.set_exception(error)
             raise
         placed.set_result((out, ready))
