@@ -131,3 +131,34 @@ def test_fused_auto_plan_gives_the_longest_bag_a_rank_of_its_own():
         assert plan.tables[t.name].sharding == "table"
         ids[plan.tables[t.name].shards[0].rank] += t.length
     assert sorted(ids) == [70, 100]
+
+
+def test_fused_auto_plan_evens_out_the_ranks_lookups_with_the_small_tables():
+    """MLPerf DLRMv2 on 2 ranks: C21's bag alone is 2 x 100 ids of the step's samples against the other
+    large tables' 2 x 70, each rank also looking up its own samples in the replicated tables (44 ids).
+    Small tables moved whole onto the lighter rank even the two out (214 each); a table the user
+    placed stays where it is, and a plan of one-hot tables that is already even keeps its replicas."""
+    rows = [40_000_000, 39_060, 17_295, 7_424, 20_265, 3, 7_122, 1_543, 63, 40_000_000, 3_067_956, 405_282, 10,
+            2_209, 11_938, 155, 4, 976, 14, 40_000_000, 40_000_000, 40_000_000, 590_152, 12_973, 108, 36]
+    hot = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
+    tables = [TableConfig(f"t_C{i + 1}", n, 128, f"C{i + 1}", length=h, pooling="sum")
+              for i, (n, h) in enumerate(zip(rows, hot))]
+
+    def ids_per_rank(plan):
+        ids = [0, 0]
+        for t in tables:
+            tp = plan.tables[t.name]
+            for s in tp.shards:
+                ids[s.rank] += t.length * (1 if tp.sharding == "data" else 2)
+        return ids
+
+    plan = plan_sharding(tables, 2, large="table", replicate_bytes=32 << 20)
+    assert ids_per_rank(plan) == [214, 214]
+    c21 = plan.tables["t_C21"].shards[0].rank
+    moved = {t.name for t in tables if t.num_embeddings < 65_536 and plan.tables[t.name].sharding == "table"}
+    assert moved and all(plan.tables[n].shards[0].rank != c21 for n in moved)
+    kept = plan_sharding(tables, 2, large="table", replicate_bytes=32 << 20, overrides={"t_C15": "data"})
+    assert kept.tables["t_C15"].sharding == "data"
+    one_hot = [TableConfig(t.name, t.num_embeddings, 128, t.feature) for t in tables]
+    even = plan_sharding(one_hot, 2, large="table", replicate_bytes=32 << 20)
+    assert all(even.tables[t.name].sharding == "data" for t in one_hot if t.num_embeddings < 65_536)

@@ -177,7 +177,8 @@ def _resolved_optim(optim: OptimConfig, model: nn.Module) -> OptimConfig:
 def _plan_sharding(config: TrainConfig, runtime: Runtime, model: nn.Module, fused: bool) -> ShardingPlan:
     """The tables' placement over the processes (`--sharding`, `--plan`, memory) and, with
     `--embedding-memory-gib`, in device or host memory; the fused path's auto plan keeps large tables
-    whole where they fit (static all-to-all sizes) and replicates tables up to 32 MiB."""
+    whole where they fit (static all-to-all sizes) and replicates tables up to 32 MiB (unless one moved
+    whole evens out the ranks' lookups)."""
     from ctrflow.accel.parallelize import plan_model  # the sharded collections' code, for N processes only
     from ctrflow.embedding.plan import FUSED_REPLICATE_BYTES, REPLICATE_BYTES
 

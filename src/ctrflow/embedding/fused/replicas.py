@@ -1,11 +1,12 @@
 """Replicated (data-parallel) tables on the fused sharded path: gradients summed densely over ranks.
 
-Replicated tables are the small ones (the fused planner replicates tables up to 32 MiB), so each rank
-sums its batch's gradient into a dense fp32 buffer ([rows, D] sums, then a count of touches per
-row), one all-reduce adds every rank's, and every rank applies the same update to the rows any
-rank touched: the replicas stay identical, and the result equals one process on the global batch.
-Masked over all rows instead of gathering the touched ones: no device-to-host read (and the rows no
-rank touched are few: ~11% of the MLPerf replicas' rows on 4 ranks of 65,536 Zipf samples). Summing and
+Replicated tables are the small ones (the fused planner replicates tables up to 32 MiB unless one moved
+whole evens out the ranks' lookups), so each rank sums its batch's gradient into a dense fp32 buffer
+([rows, D] sums, then a count of touches per row where the optimizer needs it), one all-reduce adds
+every rank's, and every rank applies the same update to the rows any rank touched: the replicas stay
+identical, and the result equals one process on the global batch. Masked over all rows instead of
+gathering the touched ones: no device-to-host read (and the rows no rank touched are few: ~11% of the
+MLPerf replicas' rows on 4 ranks of 65,536 Zipf samples). Summing and
 all-reducing the large tables' part first, beside the rest's summing, was exact but slower (+0.08 ms a
 step on 2 H200s, +0.12 ms on 4: benchmarks/NOTES.md).
 """
@@ -49,10 +50,11 @@ def replicated_grad(ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor
 
 
 def needs_counts(replica: FusedEmbeddingCollection) -> bool:
-    """Whether the update needs the touch counts (all but SGD on fp32 replicas without the L2, which
-    adds zero to untouched rows anyway)."""
+    """Whether the update needs the touch counts: Adam's moments, and the L2, change touched rows only;
+    SGD and row-wise Adagrad on fp32 replicas without the L2 add exactly zero to the weights and the
+    sums of squares of rows no rank touched."""
     st = replica.row_state
-    return not (st.optimizer == "sgd" and replica.weight.dtype == torch.float32 and not st.l2)
+    return not (st.optimizer in ("sgd", "rowwise_adagrad") and replica.weight.dtype == torch.float32 and not st.l2)
 
 
 @torch.no_grad()
@@ -62,8 +64,14 @@ def apply_replicated(acc: torch.Tensor, replica: FusedEmbeddingCollection, world
     st, weight = replica.row_state, replica.weight
     rows, dim = weight.shape
     sums = acc[:rows * dim].view(rows, dim)
-    if not needs_counts(replica):  # untouched rows have zero sums
-        weight.addcmul_(sums, st.hyper[0], value=-1.0 / world)
+    if not needs_counts(replica):  # untouched rows have zero sums; two passes over the rows, not eight
+        if st.optimizer == "sgd":
+            weight.addcmul_(sums, st.hyper[0], value=-1.0 / world)
+            return
+        # s += mean((sums / world)^2); w -= lr (sums / world) / (sqrt(s) + eps)
+        st.state1.add_(torch.linalg.vector_norm(sums, dim=1).square_(), alpha=1.0 / (dim * world * world))
+        rate = (st.hyper[0] / world) / (st.state1.sqrt() + st.eps)
+        weight.addcmul_(sums, rate.unsqueeze(1), value=-1.0)
         return
     touched = acc[rows * dim:] > 0  # [R]
     lr = st.hyper[0]
