@@ -95,12 +95,7 @@ class CachedTables:
         try:
             with torch.cuda.device(self.stream.device), torch.cuda.stream(self.stream):
                 self.stream.wait_event(after)
-                out, moves = self._translate(ids, parts, train)
-                done = torch.cuda.Event()
-                done.record(self.stream)
-                booked.set_result(done)
-                for cache, m in zip(self.caches.values(), moves):
-                    cache.move(m, parts)
+                out = self._place(ids, parts, train, booked)
                 ready = torch.cuda.Event()
                 ready.record(self.stream)
         except BaseException as error:
@@ -137,9 +132,15 @@ class CachedTables:
             a, b = self.columns[name]
             cache.reserve(ids.shape[0] * (b - a))
 
-    def _place(self, ids: torch.Tensor, parts: list[torch.Tensor], train: bool) -> torch.Tensor:
-        """`ids` with the host tables' columns as slots, every row placed and moved in line."""
+    def _place(self, ids: torch.Tensor, parts: list[torch.Tensor], train: bool, booked: Future | None = None
+               ) -> torch.Tensor:
+        """`ids` with the host tables' columns as slots, every row placed and moved in line; `booked` (a
+        prefetch) gets the event of the bookkeeping's end on the prefetch stream, before the moves."""
         out, moves = self._translate(ids, parts, train)
+        if booked is not None:
+            done = torch.cuda.Event()
+            done.record(self.stream)
+            booked.set_result(done)
         for cache, m in zip(self.caches.values(), moves):
             cache.move(m, parts)
         return out
